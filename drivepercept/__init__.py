@@ -1,0 +1,19 @@
+"""drivepercept: real-time multi-camera object detection with honest latency reports."""
+
+from __future__ import annotations
+
+from drivepercept.config import CameraConfig, RigConfig, load_rig, write_rig
+from drivepercept.errors import ConfigError, DrivePerceptError, OutputError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CameraConfig",
+    "ConfigError",
+    "DrivePerceptError",
+    "OutputError",
+    "RigConfig",
+    "__version__",
+    "load_rig",
+    "write_rig",
+]
