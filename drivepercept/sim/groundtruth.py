@@ -105,7 +105,7 @@ class GroundTruthWriter:
                     "area": (x1 - x0) * (y1 - y0),
                     "iscrowd": 0,
                     "track_id": b.track_id,
-                    "visibility": round(b.visibility, 4),
+                    "visibility": max(round(b.visibility, 4), 0.0001),
                     "visible_px": b.visible_px,
                     "distance_m": round(b.distance_m, 3),
                     "camera": cam,

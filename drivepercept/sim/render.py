@@ -9,6 +9,7 @@ ground-truth box of an object is the bounding rectangle of exactly the pixels it
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ class GroundTruthBox:
             the box covers columns x0..x1-1 and rows y0..y1-1; clipped to the image.
         visible_px: pixels of the image the object owns.
         visibility: visible_px over the pixels its whole projection would cover with no
-            occluder and an unbounded image (so it accounts for occlusion and truncation).
+            occluder on a canvas extending the image by its width and height on every side
+            (so it accounts for occlusion and truncation); in (0, 1].
         distance_m: distance from the camera centre to the centre of the object's box.
     """
 
@@ -176,7 +178,8 @@ class Renderer:
             else np.zeros((0, 8, 3))
         )
         self._scenery_s = np.array([a.motion.s0_m for a in world.scenery])
-        flat = [v.reshape(-1, 3) for v in np.split(self._scenery_verts, self._scenery.starts[1:-1])]
+        starts = self._scenery.starts
+        flat = [self._scenery_verts[a:b].reshape(-1, 3) for a, b in itertools.pairwise(starts)]
         self._scenery_centres = np.array([(f.min(0) + f.max(0)) / 2 for f in flat]).reshape(-1, 3)
         self._scenery_radius = np.array([np.linalg.norm(f.max(0) - f.min(0)) / 2 for f in flat])
         self._noise_bank: dict[tuple[int, int], tuple[ImageU8, ImageU8]] = {}
@@ -512,7 +515,7 @@ class Renderer:
                 x0 + int(cols[-1]) + 1,
                 y0 + int(rows[-1]) + 1,
             )
-            full = _silhouette_px(polys, lo, hi)
+            full = _silhouette_px(polys, lo, hi, (w, h))
             boxes.append(
                 GroundTruthBox(
                     track_id=track,
@@ -632,10 +635,23 @@ def _clip_rect(poly: FloatArray, x0: float, y0: float, x1: float, y1: float) -> 
 
 
 def _silhouette_px(
-    polys: list[npt.NDArray[np.int32]], lo: npt.NDArray[np.int_], hi: npt.NDArray[np.int_]
+    polys: list[npt.NDArray[np.int32]],
+    lo: npt.NDArray[np.int_],
+    hi: npt.NDArray[np.int_],
+    image_size: tuple[int, int],
 ) -> float:
-    """Pixels covered by the union of polygons on an unbounded canvas (scaled if huge)."""
+    """Pixels covered by the union of polygons on the truncation canvas (scaled if huge).
+
+    The canvas is the image extended by its own width and height on every side: an object
+    reaching behind the camera has an unbounded projection, and measuring truncation against
+    a finite canvas keeps its visibility meaningful.
+    """
+    w, h = image_size
+    lo = np.maximum(lo, (-w, -h))
+    hi = np.minimum(hi, (2 * w, 2 * h))
     width, height = int(hi[0] - lo[0]), int(hi[1] - lo[1])
+    if width <= 0 or height <= 0:
+        return 0.0
     scale = 1.0
     if width * height > _MAX_SILHOUETTE_PX:
         scale = math.sqrt(_MAX_SILHOUETTE_PX / (width * height))
