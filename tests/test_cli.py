@@ -1,0 +1,192 @@
+"""The command line: simulate end to end, determinism, bad input, interruption."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import pytest
+
+from drivepercept.cli import main
+from drivepercept.config import SimulationConfig, load_rig
+from drivepercept.sim.clip import simulate_clip
+
+CAMERAS = ["front", "front_left", "front_right", "back", "back_left", "back_right"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "drivepercept", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _read_video(path: Path) -> tuple[int, float, tuple[int, int]]:
+    cap = cv2.VideoCapture(str(path))
+    assert cap.isOpened(), path
+    frames = 0
+    size = (0, 0)
+    while True:
+        ok, image = cap.read()
+        if not ok:
+            break
+        frames += 1
+        size = (image.shape[1], image.shape[0])
+    fps = cap.get(cv2.CAP_PROP_FPS)
+    cap.release()
+    return frames, fps, size
+
+
+def test_simulate_acceptance_command(tmp_path: Path) -> None:
+    # given the issue's acceptance command
+    out = tmp_path / "rig"
+    proc = _run(
+        "simulate",
+        "--out",
+        str(out),
+        "--cameras",
+        "6",
+        "--seconds",
+        "4",
+        "--fps",
+        "15",
+        "--size",
+        "640x360",
+        "--seed",
+        "7",
+    )
+    assert proc.returncode == 0, proc.stderr
+    # then six videos decode with the right frame count, size and frame rate
+    for cam in CAMERAS:
+        frames, fps, size = _read_video(out / f"{cam}.mp4")
+        assert (frames, fps, size) == (60, 15.0, (640, 360)), cam
+    # and the rig file describes them
+    rig = load_rig(out / "rig.toml")
+    assert list(rig.names) == CAMERAS
+    assert all(c.video == (out / f"{c.name}.mp4").resolve() for c in rig.cameras)
+    assert all(c.fps == 15.0 and c.size == (640, 360) for c in rig.cameras)
+    # and the ground truth is COCO with one image per camera per frame
+    gt = json.loads((out / "ground_truth.json").read_text())
+    assert len(gt["images"]) == 6 * 60
+    assert {c["name"] for c in gt["categories"]} >= {"car", "pedestrian", "traffic_light"}
+    images = {im["id"]: im for im in gt["images"]}
+    assert {(im["camera"], im["frame_index"]) for im in images.values()} == {
+        (c, k) for c in CAMERAS for k in range(60)
+    }
+    assert images[7]["timestamp_s"] == pytest.approx(1 / 15, abs=1e-6)
+    assert len(gt["annotations"]) > 500
+    for ann in gt["annotations"]:
+        image = images[ann["image_id"]]
+        assert ann["camera"] == image["camera"]
+        assert ann["frame_index"] == image["frame_index"]
+        x, y, w, h = ann["bbox"]
+        assert w > 0 and h > 0 and x >= 0 and y >= 0 and x + w <= 640 and y + h <= 360
+        assert 0 < ann["visibility"] <= 1 and ann["distance_m"] > 0
+    assert not list(out.glob("*.part")) and not list(out.glob("*.tmp"))
+
+
+def test_same_seed_same_ground_truth_bytes(tmp_path: Path) -> None:
+    def gt(seed: int, name: str) -> bytes:
+        args = [
+            "simulate",
+            "--out",
+            str(tmp_path / name),
+            "--cameras",
+            "2",
+            "--seconds",
+            "1",
+            "--size",
+            "320x180",
+            "--seed",
+            str(seed),
+        ]
+        assert main(args) == 0
+        return (tmp_path / name / "ground_truth.json").read_bytes()
+
+    assert gt(3, "a") == gt(3, "b")
+    assert gt(3, "a") != gt(4, "c")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cameras", "0"], "camera count must be between 1 and 12, got 0"),
+        (["--size", "10x10"], "frame size must be between"),
+        (["--fps", "-1"], "fps must be > 0"),
+        (["--size", "641x361"], "even width and height"),
+        (["--seconds", "0"], "seconds must be > 0"),
+        (["--size", "wide"], "WIDTHxHEIGHT"),
+        (["--cameras", "two"], "invalid int value"),
+    ],
+)
+def test_bad_simulate_input_is_one_clear_line(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    proc = _run("simulate", "--out", str(tmp_path / "x"), *args)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_unwritable_out_is_one_clear_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    for out in (blocker / "sub", blocker):
+        proc = _run("simulate", "--out", str(out), "--seconds", "0.2")
+        assert proc.returncode == 1
+        assert "error:" in proc.stderr and str(out) in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+        assert "Traceback" not in proc.stderr
+
+
+def test_interrupted_simulation_leaves_valid_files(tmp_path: Path) -> None:
+    def stop_after_five(done: int, total: int) -> None:
+        if done == 5:
+            raise KeyboardInterrupt
+
+    config = SimulationConfig(
+        out_dir=tmp_path, cameras=2, seconds=2.0, fps=10.0, width=320, height=180, seed=1
+    )
+    result = simulate_clip(config, progress=stop_after_five)
+    assert result.interrupted and result.frames == 5
+    gt = json.loads(result.ground_truth_path.read_text())
+    assert gt["info"]["frames"] == 5 and len(gt["images"]) == 10
+    for video in result.videos:
+        frames, fps, size = _read_video(video)
+        assert (frames, fps, size) == (5, 10.0, (320, 180))
+
+
+def test_replay_checks_the_rig_and_says_the_pipeline_is_not_built(tmp_path: Path) -> None:
+    assert main(["simulate", "--out", str(tmp_path), "--cameras", "1", "--seconds", "0.5"]) == 0
+    proc = _run("replay", str(tmp_path / "rig.toml"))
+    assert proc.returncode == 0, proc.stderr
+    assert "front" in proc.stdout and "pipeline not built yet" in proc.stdout
+    missing = _run("replay", str(tmp_path / "none.toml"))
+    assert missing.returncode == 1 and "rig file not found" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_replay_opens_real_clips_from_a_hand_written_rig(real_videos: Path, tmp_path: Path) -> None:
+    clips = sorted(p for p in real_videos.iterdir() if p.suffix in (".mp4", ".avi"))
+    assert clips
+    rig = tmp_path / "real.toml"
+    rig.write_text(
+        "".join(f'[[cameras]]\nname = "{p.stem[:40]}"\nvideo = "{p}"\n\n' for p in clips)
+    )
+    proc = _run("replay", str(rig))
+    assert proc.returncode == 0, proc.stderr
+    assert "960x540" in proc.stdout and "320x240" in proc.stdout
+
+
+def test_version_and_help() -> None:
+    proc = _run("--version")
+    assert proc.returncode == 0 and "drivepercept" in proc.stdout
+    proc = _run("simulate", "--help")
+    assert proc.returncode == 0 and "examples:" in proc.stdout
