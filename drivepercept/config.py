@@ -398,3 +398,98 @@ class SimulationConfig:
     def frame_count(self) -> int:
         """Frames per camera: frame k shows the world at k / fps seconds."""
         return round(self.seconds * self.fps)
+
+
+# --------------------------------------------------------------------------- pipeline
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class PrepareSpec:
+    """How decoder threads prepare frames: resize/letterbox to `size`, BGR -> RGB."""
+
+    size: tuple[int, int]  # (width, height)
+    letterbox: bool = True
+    pad_value: int = 114
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Knobs of the replay pipeline (TOML keys and CLI flags have the same names).
+
+    Attributes:
+        batch_timeout_ms: a batch is sent when every live camera has a frame or when this
+            much time passed since its first frame arrived.
+        queue_capacity: frames waiting per camera between its decoder and the batcher.
+        drop_policy: "block" (replay: never lose a frame) or "drop_oldest" (live).
+        device: "auto", "cpu", "cuda" or "cuda:N".
+        precision: "fp32", "fp16" or "bf16" (autocast; fp16/bf16 need CUDA for speed).
+        channels_last: run the model on NHWC memory layout (faster convolutions on GPUs).
+        score_threshold, iou_threshold, max_detections: post-processing.
+        ring_slots: staging buffers (>= max_in_flight + 1).
+        max_in_flight: batches submitted to the device and not yet completed.
+        max_frames: stop each camera after this many frames (0 = all).
+    """
+
+    batch_timeout_ms: float = 20.0
+    queue_capacity: int = 4
+    drop_policy: str = "block"
+    device: str = "auto"
+    precision: str = "fp32"
+    channels_last: bool = False
+    score_threshold: float = 0.3
+    iou_threshold: float = 0.5
+    max_detections: int = 100
+    ring_slots: int = 4
+    max_in_flight: int = 2
+    max_frames: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.batch_timeout_ms) and 0.0 <= self.batch_timeout_ms <= 60_000):
+            raise ConfigError(
+                f"batch_timeout_ms must be between 0 and 60000, got {self.batch_timeout_ms:g}"
+            )
+        if not 1 <= self.queue_capacity <= 1024:
+            raise ConfigError(f"queue_capacity must be 1..1024, got {self.queue_capacity}")
+        if self.drop_policy not in ("block", "drop_oldest"):
+            raise ConfigError(
+                f"drop_policy must be 'block' or 'drop_oldest', got {self.drop_policy!r}"
+            )
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if not 0.0 <= self.score_threshold <= 1.0:
+            raise ConfigError(f"score_threshold must be in [0, 1], got {self.score_threshold}")
+        if not 0.0 < self.iou_threshold <= 1.0:
+            raise ConfigError(f"iou_threshold must be in (0, 1], got {self.iou_threshold}")
+        if not 1 <= self.max_detections <= 10_000:
+            raise ConfigError(f"max_detections must be 1..10000, got {self.max_detections}")
+        if not 1 <= self.max_in_flight <= 16:
+            raise ConfigError(f"max_in_flight must be 1..16, got {self.max_in_flight}")
+        if self.ring_slots < self.max_in_flight + 1:
+            raise ConfigError(
+                f"ring_slots must be at least max_in_flight + 1 = {self.max_in_flight + 1}, "
+                f"got {self.ring_slots}"
+            )
+        if self.max_frames < 0:
+            raise ConfigError(f"max_frames must be >= 0, got {self.max_frames}")
+
+
+def load_pipeline_toml(path: str | Path) -> dict[str, Any]:
+    """Read a replay config file: a TOML table of PipelineConfig keys (and replay options).
+
+    Returns the raw mapping; the CLI merges it under its flags and validates the result.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    return dict(data.get("replay", data))
