@@ -1,0 +1,119 @@
+"""torchvision's COCO detectors as `Detector`s.
+
+torchvision detectors resize every image inside their forward (`GeneralizedRCNNTransform`)
+so that its short side is `min_size` and its long side at most `max_size`. Each model's input
+size here is chosen so that this inner resize is the identity: the frames arrive already
+letterboxed to exactly the size the network runs at, and no pixel is interpolated twice. The
+sizes are multiples of 32 (the FPN stride) close to 16:9, the shape of most vehicle cameras.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from drivepercept.models import _weights
+from drivepercept.models.base import Detector, InputSpec
+
+# COCO classes a vehicle cares about; `keep_labels` holds their indices.
+DRIVING_CLASSES: tuple[str, ...] = (
+    "person",
+    "bicycle",
+    "car",
+    "motorcycle",
+    "bus",
+    "truck",
+    "traffic light",
+    "stop sign",
+)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """How to build one torchvision detector.
+
+    Attributes:
+        size: (width, height) of the model input.
+        kwargs: extra builder arguments (the inner resize bounds that make it the identity).
+    """
+
+    size: tuple[int, int]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _identity_resize(width: int, height: int) -> _Entry:
+    return _Entry((width, height), {"min_size": min(width, height), "max_size": max(width, height)})
+
+
+_MODELS: dict[str, _Entry] = {
+    # Fixed 320x320 (SSD stretches internally, so our letterbox is the only resize).
+    "ssdlite320_mobilenet_v3_large": _Entry((320, 320)),
+    # torchvision's defaults (min 320, max 640) leave 576x320 untouched.
+    "fasterrcnn_mobilenet_v3_large_320_fpn": _Entry((576, 320)),
+    # Trained at short side 800; 768 keeps 16:9 on the stride-32 grid at about the same scale.
+    "fasterrcnn_mobilenet_v3_large_fpn": _identity_resize(1344, 768),
+    "retinanet_resnet50_fpn_v2": _identity_resize(1344, 768),
+    "fcos_resnet50_fpn": _identity_resize(1344, 768),
+}
+
+NAMES: tuple[str, ...] = tuple(_MODELS)
+
+
+def coco_categories() -> tuple[str, ...]:
+    """COCO class names by label index, as torchvision's detection weights define them.
+
+    The list is static metadata of the weights enum: reading it downloads nothing.
+    """
+    from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
+
+    return tuple(FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
+
+
+def driving_labels(class_names: tuple[str, ...]) -> frozenset[int]:
+    """Label indices of `DRIVING_CLASSES` in `class_names`."""
+    labels = frozenset(i for i, name in enumerate(class_names) if name in DRIVING_CLASSES)
+    assert len(labels) == len(DRIVING_CLASSES), "COCO metadata lacks a driving class"
+    return labels
+
+
+def build(name: str, weights: str | None) -> Detector:
+    """Builds the registered torchvision detector `name`.
+
+    Args:
+        name: one of `NAMES`.
+        weights: None for random initialisation, "DEFAULT" for torchvision's pretrained COCO
+            weights (downloaded, or taken from torch.hub's cache), otherwise a state dict path.
+
+    Raises:
+        ModelError: the weights cannot be had or do not fit.
+    """
+    import torchvision.models
+
+    entry = _MODELS[name]
+    weights_enum = torchvision.models.get_model_weights(name).DEFAULT
+    class_names = tuple(str(c) for c in weights_enum.meta["categories"])
+    # weights_backbone=None always: its default would download ImageNet weights. Pretrained
+    # weights are loaded below, into the same module as a random build, so that every weights
+    # source gives the same network (plain BatchNorm, not torchvision's frozen copy).
+    module: torch.nn.Module = torchvision.models.get_model(
+        name, weights=None, weights_backbone=None, num_classes=len(class_names), **entry.kwargs
+    )
+    if weights is not None:
+        if weights == "DEFAULT":
+            state = _weights.download_state_dict(weights_enum, model_name=name)
+            source = str(weights_enum.url)
+        else:
+            state = _weights.read_state_dict(weights, model_name=name)
+            source = weights
+        _weights.apply_state_dict(module, state, source=source, model_name=name)
+    module.eval()
+    spec = InputSpec(size=entry.size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), letterbox=True)
+    return Detector(
+        name=name,
+        module=module,
+        input=spec,
+        class_names=class_names,
+        keep_labels=driving_labels(class_names),
+    )

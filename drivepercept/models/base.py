@@ -1,0 +1,70 @@
+"""What the engine needs from a detector: the plugin protocol.
+
+A detector is a `torch.nn.Module` plus a little metadata. Its forward takes a float batch
+(B, 3, H, W), RGB, at the detector's input size, already normalised as `InputSpec` asks
+(`(pixel / 255 - mean) / std`), and returns one dict per image with
+
+* `boxes`: (N, 4) float, xyxy in input pixels,
+* `scores`: (N,) float,
+* `labels`: (N,) int64, indices into `class_names`.
+
+torchvision detectors have exactly this forward in eval mode (they normalise inside, so their
+spec has mean 0 and std 1). A user's own detector is plugged in as `--model pkg.module:factory`,
+where `factory(weights: str | None) -> Detector` builds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from drivepercept.errors import DrivePerceptError
+
+
+class ModelError(DrivePerceptError):
+    """A model cannot be built or its weights cannot be loaded."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The input a detector wants.
+
+    Attributes:
+        size: (width, height) of the input in pixels.
+        mean, std: per-channel RGB normalisation of pixels scaled to [0, 1].
+        letterbox: keep the aspect ratio and pad (True) or stretch to the size (False).
+        pad_value: uint8 value of the padding.
+    """
+
+    size: tuple[int, int]
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    letterbox: bool = True
+    pad_value: int = 114
+
+    def __post_init__(self) -> None:
+        w, h = self.size
+        if not (16 <= w <= 8192 and 16 <= h <= 8192):
+            raise ModelError(f"model input size must be 16..8192 pixels a side, got {w}x{h}")
+        if any(s <= 0 for s in self.std):
+            raise ModelError(f"model input std must be positive, got {self.std}")
+
+
+@dataclass(frozen=True, eq=False)
+class Detector:
+    """A ready-to-run detector (see the module docstring for the forward contract).
+
+    Attributes:
+        name: registry name or plugin path.
+        module: the network, in eval mode.
+        input: what it wants as input.
+        class_names: label index -> name.
+        keep_labels: labels kept by the class filter (None keeps all).
+    """
+
+    name: str
+    module: torch.nn.Module
+    input: InputSpec
+    class_names: tuple[str, ...]
+    keep_labels: frozenset[int] | None = None

@@ -1,0 +1,105 @@
+"""The model registry: a name (or a plugin path) and a weights choice -> a ready `Detector`.
+
+Names are torchvision's COCO detectors (see `available_models()`). A name with a colon,
+`package.module:factory`, is a plugin: the module is imported and `factory(weights)` must
+return a `Detector`. Weights are chosen the same way for every model:
+
+* `"none"` (any case) or None: random initialisation, for tests and timing runs;
+* `"DEFAULT"` (any case): torchvision's pretrained COCO weights, downloaded once into
+  torch.hub's cache;
+* anything else: the path of a state dict saved with `torch.save(model.state_dict(), path)`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+
+from drivepercept.models import _torchvision
+from drivepercept.models._weights import short_reason
+from drivepercept.models.base import Detector, ModelError
+
+PLUGIN_FORM = "package.module:factory"
+
+
+def available_models() -> tuple[str, ...]:
+    """Registered model names (plugins, `package.module:factory`, are not listed)."""
+    return _torchvision.NAMES
+
+
+def load_detector(name: str, *, weights: str | None = "none") -> Detector:
+    """Builds a detector, in eval mode, on the CPU.
+
+    Args:
+        name: a name from `available_models()`, or `package.module:factory`.
+        weights: "none"/None (random), "DEFAULT" (pretrained download) or a state dict path.
+            A plugin's factory receives None for "none", "DEFAULT" for any spelling of it,
+            and the path otherwise.
+
+    Returns:
+        The detector.
+
+    Raises:
+        ModelError: unknown name, broken plugin, or weights that cannot be had or do not fit;
+            the message is one line.
+    """
+    weights = _normalise_weights(weights)
+    if ":" in name:
+        return _load_plugin(name, weights)
+    if name in _torchvision.NAMES:
+        return _torchvision.build(name, weights)
+    close = [n for n in available_models() if name.lower() in n]
+    close = close or difflib.get_close_matches(name.lower(), available_models(), n=1)
+    hint = f"did you mean {close[0]!r}? " if len(close) == 1 else ""
+    raise ModelError(
+        f"unknown model {name!r}; {hint}available: {', '.join(available_models())}, "
+        f"or your own as {PLUGIN_FORM}"
+    )
+
+
+def _normalise_weights(weights: str | None) -> str | None:
+    """None for random weights, "DEFAULT" for the pretrained ones, else the path as given."""
+    if weights is None or weights.strip().lower() == "none":
+        return None
+    if weights.strip().upper() == "DEFAULT":
+        return "DEFAULT"
+    if not weights.strip():
+        # An empty path (an unset variable, say) must not quietly mean random weights.
+        raise ModelError(f"weights must be 'none', 'DEFAULT' or a file path, got {weights!r}")
+    return weights
+
+
+def _load_plugin(path: str, weights: str | None) -> Detector:
+    """Imports `package.module:factory` and calls `factory(weights)`."""
+    module_name, _, attr_path = path.partition(":")
+    if not module_name or not attr_path or ":" in attr_path:
+        raise ModelError(f"model plugin must be written {PLUGIN_FORM}, got {path!r}")
+    try:
+        target: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(
+            f"cannot import model plugin module {module_name!r} ({short_reason(exc)})"
+        ) from exc
+    except Exception as exc:  # the user's module body may raise anything
+        raise ModelError(
+            f"model plugin module {module_name!r} failed while importing ({short_reason(exc)})"
+        ) from exc
+    for part in attr_path.split("."):
+        if not hasattr(target, part):
+            raise ModelError(f"model plugin module {module_name!r} has no {attr_path!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ModelError(f"model plugin {path!r} is a {type(target).__name__}, not a factory")
+    try:
+        detector = target(weights)
+    except ModelError:
+        raise
+    except Exception as exc:  # the user's factory may raise anything
+        raise ModelError(f"model plugin {path!r} failed ({short_reason(exc)})") from exc
+    if not isinstance(detector, Detector):
+        raise ModelError(
+            f"model plugin {path!r} returned a {type(detector).__name__}, expected a "
+            "drivepercept.models.Detector"
+        )
+    detector.module.eval()
+    return detector
