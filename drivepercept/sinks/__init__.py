@@ -1,0 +1,33 @@
+"""Output writers: detections (JSON Lines), per-frame timings (CSV) and annotated videos.
+
+Every sink has `write(result)` and `close()`, is a context manager, leaves valid files however
+the run ends (once closed), and raises `drivepercept.errors.OutputError` when its file cannot be
+created. Sinks that draw on the original frame also have `write_with_image(result, image_bgr)`
+(`ImageSink`); the pipeline calls that one for them.
+"""
+
+from __future__ import annotations
+
+from drivepercept.sinks.base import ImageSink, Sink
+from drivepercept.sinks.jsonl import DetectionsJsonlSink, frame_record
+from drivepercept.sinks.timing import (
+    FRAMES_CSV,
+    FRAMES_CSV_COLUMNS,
+    FrameTimingCsvSink,
+    timing_row,
+)
+from drivepercept.sinks.video import MOSAIC_FILE, AnnotatedVideoSink, draw_detections
+
+__all__ = [
+    "FRAMES_CSV",
+    "FRAMES_CSV_COLUMNS",
+    "MOSAIC_FILE",
+    "AnnotatedVideoSink",
+    "DetectionsJsonlSink",
+    "FrameTimingCsvSink",
+    "ImageSink",
+    "Sink",
+    "draw_detections",
+    "frame_record",
+    "timing_row",
+]

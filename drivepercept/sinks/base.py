@@ -1,0 +1,34 @@
+"""What the pipeline needs from an output writer: the sink protocols.
+
+The pipeline calls every sink from its one emit thread, in frame order, so a sink need not be
+thread-safe; it must be fast (it sits on the latency path of every frame) and must leave valid
+files however the run ends, which is why the pipeline closes sinks in a `finally:`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from drivepercept.types import FrameResult, ImageU8
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Receives each camera frame's result; `close()` finishes the output and may be repeated."""
+
+    def write(self, result: FrameResult) -> None:
+        """Record one camera frame's result."""
+
+    def close(self) -> None:
+        """Finish the output (flush, finalise files); a second call does nothing."""
+
+
+@runtime_checkable
+class ImageSink(Sink, Protocol):
+    """A sink that also wants the original frame's pixels (annotated video, display).
+
+    The pipeline calls `write_with_image` instead of `write` for these sinks.
+    """
+
+    def write_with_image(self, result: FrameResult, image_bgr: ImageU8) -> None:
+        """Record one camera frame's result together with its original BGR image."""
