@@ -1,0 +1,118 @@
+"""The batcher: frames of all cameras -> batches in the staging ring, with a timeout.
+
+In the spirit of DeepStream's nvstreammux: a batch takes the next frame of each camera and is
+sent when every live camera has one, or when `batch_timeout_ms` has passed since the oldest
+of its frames was queued, whichever comes first. A late camera therefore delays the others by
+at most the timeout, an ended camera not at all, and a camera whose frames have been waiting
+longer than the timeout (a fast camera in replay) never waits. Frames are copied straight into
+a pre-allocated ring slot; the batch records which cameras are present and their capture
+spread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from drivepercept.buffers import StagingRing
+from drivepercept.queues import CameraQueues, put_until_stopped
+from drivepercept.types import Batch, FrameMeta
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.1
+
+
+class Batcher:
+    """The `batcher` thread. Sends `None` on its output queue when it is done."""
+
+    def __init__(
+        self,
+        *,
+        queues: CameraQueues,
+        ring: StagingRing,
+        out: queue.Queue[Batch | None],
+        timeout_ms: float,
+        stop: threading.Event,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.queues = queues
+        self.ring = ring
+        self.out = out
+        self.timeout_ns = int(timeout_ms * 1e6)
+        self.stop = stop
+        self.on_error = on_error
+        self.batches = 0
+        self.partial_batches = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="batcher", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _wait_for_batch(self) -> bool:
+        """With the lock held: wait until a batch should be sent. False when all is done."""
+        qs = self.queues
+        n = len(qs.cameras)
+        while True:
+            if self.stop.is_set():
+                return False
+            waiting = [c for c in range(n) if qs.waiting(c)]
+            if not waiting:
+                if qs.all_done():
+                    return False
+                qs.cond.wait(timeout=_POLL_S)
+                continue
+            live = [c for c in range(n) if qs.waiting(c) or not qs.ended(c)]
+            if len(waiting) == len(live):
+                return True
+            oldest = min(qs.oldest_queued_ns(c) or 0 for c in waiting)
+            remaining_ns = oldest + self.timeout_ns - time.monotonic_ns()
+            if remaining_ns <= 0:
+                return True
+            qs.cond.wait(timeout=min(remaining_ns / 1e9, _POLL_S))
+
+    def _run(self) -> None:
+        qs = self.queues
+        try:
+            while True:
+                with qs.cond:
+                    if not self._wait_for_batch():
+                        return
+                slot = None
+                while slot is None:
+                    if self.stop.is_set():
+                        return
+                    slot = self.ring.acquire(timeout=_POLL_S)
+                with qs.cond:
+                    n = len(qs.cameras)
+                    live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
+                    taken = [qs.take(c) for c in range(n) if qs.waiting(c)]
+                rows = self.ring.arrays[slot]
+                metas = []
+                for row, (frame, queued_ns) in enumerate(taken):
+                    np.copyto(rows[row], frame.image)
+                    metas.append(FrameMeta.of(frame, queued_ns=queued_ns))
+                batch = Batch(
+                    batch_index=self.batches,
+                    slot=slot,
+                    frames=tuple(metas),
+                    batched_ns=time.monotonic_ns(),
+                    complete=len(taken) == live,
+                )
+                self.batches += 1
+                self.partial_batches += 0 if batch.complete else 1
+                if not put_until_stopped(self.out, batch, self.stop):
+                    self.ring.release(slot)
+                    return
+        except BaseException as exc:  # recorded; the pipeline re-raises it on the main thread
+            self.error = exc
+            if self.on_error is not None:
+                self.on_error(exc)
+        finally:
+            put_until_stopped(self.out, None, self.stop)

@@ -1,0 +1,337 @@
+"""The one place that wires the stages, owns their threads and shuts them down.
+
+    decode-<camera> (one per camera) -> CameraQueues -> batcher -> StagingRing slot
+        -> engine (upload, normalise, model, NMS) -> engine-complete -> sinks
+
+Shutdown: one `threading.Event`; every queue operation has a timeout; every thread sends its
+sentinel in `finally:`; every thread is joined with a timeout and one that does not stop is
+reported. A worker that fails records its exception and sets the event; `run()` re-raises it
+as a `PipelineError` with the cause attached. The pipeline is a context manager.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from drivepercept.batching import Batcher
+from drivepercept.buffers import StagingRing
+from drivepercept.config import PipelineConfig, PrepareSpec
+from drivepercept.engine.device import resolve_device
+from drivepercept.engine.engine import InferenceEngine
+from drivepercept.errors import DrivePerceptError
+from drivepercept.models.base import Detector
+from drivepercept.queues import CameraQueues
+from drivepercept.sinks.base import ImageSink, Sink
+from drivepercept.sources.decoder import DecoderThread
+from drivepercept.sources.readers import FrameReader
+from drivepercept.types import Batch, DropPolicy, FrameResult
+
+log = logging.getLogger(__name__)
+
+JOIN_TIMEOUT_S = 2.0
+
+
+class PipelineError(DrivePerceptError):
+    """A pipeline thread failed; the original exception is the __cause__."""
+
+
+@dataclass(frozen=True)
+class CameraStats:
+    """Per-camera outcome of a run."""
+
+    name: str
+    frames: int
+    dropped: int
+    fps: float
+    latency_ms: dict[str, float]  # p50 / p95 / p99 / max end-to-end
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Outcome of a run: what was processed, how fast, and how it ended."""
+
+    cameras: tuple[CameraStats, ...]
+    elapsed_s: float
+    frames: int
+    batches: int
+    partial_batches: int
+    interrupted: bool
+    threads_not_stopped: tuple[str, ...]
+    device: str
+    mean_batch_size: float
+    queue_high_water: tuple[int, ...] = field(default=())
+
+    @property
+    def throughput_fps(self) -> float:
+        return self.frames / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def percentiles_ms(values_ms: Sequence[float]) -> dict[str, float]:
+    """p50 / p95 / p99 / max of latencies (empty -> zeros)."""
+    if not values_ms:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+    arr = np.asarray(values_ms, dtype=np.float64)
+    p50, p95, p99 = np.percentile(arr, [50, 95, 99])
+    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "max": float(arr.max())}
+
+
+class Pipeline:
+    """A multi-camera detection pipeline over already-opened readers.
+
+    Args:
+        cameras: (name, reader) per camera, in batch order.
+        detector: the model.
+        config: pipeline knobs.
+        sinks: result writers, called in order on the completion thread.
+        keep_original: carry each frame's original pixels to the sinks (annotated video).
+    """
+
+    def __init__(
+        self,
+        *,
+        cameras: Sequence[tuple[str, FrameReader]],
+        detector: Detector,
+        config: PipelineConfig,
+        sinks: Sequence[Sink] = (),
+        keep_original: bool = False,
+    ) -> None:
+        if not cameras:
+            raise DrivePerceptError("a pipeline needs at least one camera")
+        self.config = config
+        self.detector = detector
+        self.device = resolve_device(config.device)
+        self.sinks = tuple(sinks)
+        self.names = tuple(name for name, _ in cameras)
+        self.stop_event = threading.Event()
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        policy = DropPolicy(config.drop_policy)
+        self.queues = CameraQueues(self.names, capacity=config.queue_capacity, policy=policy)
+        width, height = detector.input.size
+        self.ring = StagingRing(
+            slots=config.ring_slots,
+            max_batch=len(cameras),
+            height=height,
+            width=width,
+            pin_memory=self.device.type == "cuda",
+        )
+        spec = PrepareSpec(
+            size=detector.input.size,
+            letterbox=detector.input.letterbox,
+            pad_value=detector.input.pad_value,
+        )
+        self.decoders = [
+            DecoderThread(
+                camera=name,
+                camera_index=i,
+                reader=reader,
+                spec=spec,
+                queues=self.queues,
+                stop=self.stop_event,
+                max_frames=config.max_frames,
+                keep_original=keep_original,
+                on_error=self._fail,
+            )
+            for i, (name, reader) in enumerate(cameras)
+        ]
+        self._batches: queue.Queue[Batch | None] = queue.Queue(maxsize=config.ring_slots)
+        self.batcher = Batcher(
+            queues=self.queues,
+            ring=self.ring,
+            out=self._batches,
+            timeout_ms=config.batch_timeout_ms,
+            stop=self.stop_event,
+            on_error=self._fail,
+        )
+        self.engine = InferenceEngine(
+            detector=detector,
+            config=config,
+            device=self.device,
+            ring=self.ring,
+            inbox=self._batches,
+            emit=self._emit,
+            stop=self.stop_event,
+            max_batch=len(cameras),
+            on_error=self._fail,
+        )
+        self._frames = [0] * len(cameras)
+        self._latency_ms: list[list[float]] = [[] for _ in cameras]
+        self._batch_sizes: list[int] = []
+        self._first_capture_ns: int | None = None
+        self._last_emit_ns = 0
+        self._started = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ wiring
+
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        return (*(d.thread for d in self.decoders), self.batcher.thread, *self.engine.threads)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self._errors.append(exc)
+        log.error("pipeline stage failed: %s", exc)
+        self.stop_event.set()
+
+    def _emit(self, results: list[FrameResult]) -> None:
+        """Completion thread: count, time and hand results to the sinks."""
+        with self._lock:
+            self._batch_sizes.append(len(results))
+            for r in results:
+                self._frames[r.camera_index] += 1
+                self._latency_ms[r.camera_index].append(r.timing.end_to_end_ms)
+                if self._first_capture_ns is None or r.timing.capture_ns < self._first_capture_ns:
+                    self._first_capture_ns = r.timing.capture_ns
+                self._last_emit_ns = max(self._last_emit_ns, r.timing.emitted_ns)
+        for r in results:
+            for sink in self.sinks:
+                if r.original_bgr is not None and isinstance(sink, ImageSink):
+                    sink.write_with_image(r, r.original_bgr)
+                else:
+                    sink.write(r)
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self.engine.start()
+        self.batcher.start()
+        for d in self.decoders:
+            d.start()
+
+    def __enter__(self) -> Pipeline:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ running
+
+    def frames_done(self) -> list[int]:
+        with self._lock:
+            return list(self._frames)
+
+    def run(
+        self,
+        *,
+        progress: Callable[[Pipeline], None] | None = None,
+        progress_interval_s: float = 0.5,
+    ) -> RunStats:
+        """Start (if needed), wait for every camera to end, and return the statistics.
+
+        Ctrl-C stops the run within JOIN_TIMEOUT_S; the result then has interrupted=True and
+        everything emitted so far is in the sinks.
+
+        Raises:
+            PipelineError: a stage failed (the cause is attached).
+        """
+        self.start()
+        started = time.monotonic()
+        interrupted = False
+        last_progress = 0.0
+        complete = self.engine.threads[1]
+        try:
+            while complete.is_alive():
+                complete.join(timeout=0.1)
+                if progress is not None and time.monotonic() - last_progress >= progress_interval_s:
+                    last_progress = time.monotonic()
+                    progress(self)
+        except KeyboardInterrupt:
+            interrupted = True
+            log.warning("interrupted: stopping capture and closing outputs")
+        not_stopped = self._shutdown()
+        if progress is not None:
+            progress(self)
+        if self._errors and not interrupted:
+            first = self._errors[0]
+            raise PipelineError(f"{type(first).__name__}: {first}") from first
+        return self.stats(
+            elapsed_s=time.monotonic() - started, interrupted=interrupted, not_stopped=not_stopped
+        )
+
+    def _shutdown(self) -> tuple[str, ...]:
+        """Stop every thread (joined with a shared 2 s budget), then close the sinks."""
+        self.stop_event.set()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        not_stopped = []
+        for t in self.threads:
+            if t.ident is None:
+                continue
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                not_stopped.append(t.name)
+        if not_stopped:
+            log.error(
+                "threads did not stop within %.1f s: %s", JOIN_TIMEOUT_S, ", ".join(not_stopped)
+            )
+        self._close_sinks()
+        return tuple(not_stopped)
+
+    def _close_sinks(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:  # one sink failing to close must not lose the others
+                log.error("closing %s failed: %s", type(sink).__name__, exc)
+                self._errors.append(exc)
+
+    def close(self) -> None:
+        """Stop and join everything (idempotent)."""
+        if self._started:
+            self._shutdown()
+        else:
+            self._close_sinks()
+
+    def stats(
+        self,
+        *,
+        elapsed_s: float = 0.0,
+        interrupted: bool = False,
+        not_stopped: tuple[str, ...] = (),
+    ) -> RunStats:
+        """Statistics of what has been emitted so far."""
+        with self._lock:
+            frames = list(self._frames)
+            lat = [list(v) for v in self._latency_ms]
+            sizes = list(self._batch_sizes)
+            span_s = (
+                (self._last_emit_ns - self._first_capture_ns) / 1e9
+                if self._first_capture_ns is not None
+                else 0.0
+            )
+        dropped = self.queues.dropped()
+        span_s = span_s if span_s > 0 else elapsed_s
+        cams = tuple(
+            CameraStats(
+                name=name,
+                frames=frames[i],
+                dropped=dropped[i],
+                fps=frames[i] / span_s if span_s > 0 else 0.0,
+                latency_ms=percentiles_ms(lat[i]),
+            )
+            for i, name in enumerate(self.names)
+        )
+        return RunStats(
+            cameras=cams,
+            elapsed_s=span_s,
+            frames=sum(frames),
+            batches=len(sizes),
+            partial_batches=self.batcher.partial_batches,
+            interrupted=interrupted,
+            threads_not_stopped=not_stopped,
+            device=str(self.device),
+            mean_batch_size=float(np.mean(sizes)) if sizes else 0.0,
+            queue_high_water=tuple(self.queues.high_water()),
+        )

@@ -1,0 +1,98 @@
+"""The per-camera decoder thread: read, stamp, prepare, queue.
+
+One named thread (`decode-<camera>`) per camera. It reads a frame, stamps it with the
+monotonic time the read started (the pipeline's capture time), its index and presentation
+time, letterboxes it for the model on the CPU while the device works on earlier batches, and
+puts it into its camera's bounded queue under the queue's drop policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from drivepercept.config import PrepareSpec
+from drivepercept.queues import CameraQueues
+from drivepercept.sources.prepare import prepare
+from drivepercept.sources.readers import FrameReader
+from drivepercept.types import Frame
+
+log = logging.getLogger(__name__)
+
+
+class DecoderThread:
+    """Owns one camera's reader and thread. The reader is opened by the caller, so that a bad
+    file fails on the main thread with a clear error before any thread starts."""
+
+    def __init__(
+        self,
+        *,
+        camera: str,
+        camera_index: int,
+        reader: FrameReader,
+        spec: PrepareSpec,
+        queues: CameraQueues,
+        stop: threading.Event,
+        max_frames: int = 0,
+        keep_original: bool = False,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.camera = camera
+        self.camera_index = camera_index
+        self.reader = reader
+        self.spec = spec
+        self.queues = queues
+        self.stop = stop
+        self.max_frames = max_frames
+        self.keep_original = keep_original
+        self.on_error = on_error
+        self.frames_read = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"decode-{camera}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                if self.max_frames and self.frames_read >= self.max_frames:
+                    break
+                capture_ns = time.monotonic_ns()
+                got = self.reader.read()
+                if got is None:
+                    expected = self.reader.info.frame_count
+                    if expected > 0 and self.frames_read < expected and not self.max_frames:
+                        log.warning(
+                            "camera %s ended after %d of %d frames (truncated file?)",
+                            self.camera,
+                            self.frames_read,
+                            expected,
+                        )
+                    break
+                decoded_ns = time.monotonic_ns()
+                image, box = prepare(got[0], self.spec)
+                frame = Frame(
+                    camera=self.camera,
+                    camera_index=self.camera_index,
+                    frame_index=self.frames_read,
+                    pts_s=got[1],
+                    capture_ns=capture_ns,
+                    decoded_ns=decoded_ns,
+                    preprocessed_ns=time.monotonic_ns(),
+                    image=image,
+                    letterbox=box,
+                    original_bgr=got[0] if self.keep_original else None,
+                )
+                if not self.queues.put(self.camera_index, frame, stop=self.stop):
+                    break
+                self.frames_read += 1
+        except BaseException as exc:  # recorded; the pipeline re-raises it on the main thread
+            self.error = exc
+            if self.on_error is not None:
+                self.on_error(exc)
+        finally:
+            self.reader.close()
+            self.queues.end(self.camera_index)

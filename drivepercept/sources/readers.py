@@ -1,0 +1,138 @@
+"""Frame readers: a video file or stream (OpenCV/FFmpeg) and a folder of images.
+
+A reader is opened on the thread that uses it. `read()` returns the next BGR frame and its
+presentation time, or None at the end. OpenCV releases the GIL while it decodes, so several
+readers on several threads decode in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import cv2
+import numpy as np
+
+from drivepercept.errors import DrivePerceptError
+from drivepercept.types import ImageU8
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
+DEFAULT_FOLDER_FPS = 10.0
+
+
+class SourceError(DrivePerceptError):
+    """A camera source cannot be opened or read."""
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What a reader knows about its source once opened."""
+
+    width: int
+    height: int
+    fps: float
+    frame_count: int  # -1 when unknown (streams)
+
+
+class FrameReader(Protocol):
+    """Reads frames from one source."""
+
+    info: SourceInfo
+
+    def read(self) -> tuple[ImageU8, float] | None:
+        """Next frame (BGR, uint8) and its presentation time in seconds; None at the end."""
+
+    def close(self) -> None: ...
+
+
+class VideoReader:
+    """A video file (or anything OpenCV's FFmpeg backend opens) read with cv2.VideoCapture."""
+
+    def __init__(self, path: str | Path, *, fps: float | None = None) -> None:
+        self.path = str(path)
+        if not any(
+            self.path.startswith(p) for p in ("rtsp://", "http://", "https://", "udp://", "tcp://")
+        ):
+            p = Path(self.path)
+            if not p.exists():
+                raise SourceError(f"video not found: {p}")
+            if p.is_dir():
+                raise SourceError(f"expected a video file, got a folder: {p}")
+        self._cap = cv2.VideoCapture(self.path, cv2.CAP_FFMPEG)
+        if not self._cap.isOpened():
+            self._cap.release()
+            raise SourceError(
+                f"cannot open {self.path} as a video (not a video, or a codec OpenCV cannot decode)"
+            )
+        width = int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH))
+        height = int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        native_fps = self._cap.get(cv2.CAP_PROP_FPS)
+        count = int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        if width <= 0 or height <= 0:
+            self._cap.release()
+            raise SourceError(f"cannot read frame size of {self.path}: not a video?")
+        self.info = SourceInfo(
+            width,
+            height,
+            fps or (native_fps if native_fps > 0 else 30.0),
+            count if count > 0 else -1,
+        )
+        self._index = 0
+
+    def read(self) -> tuple[ImageU8, float] | None:
+        ok, raw = self._cap.read()
+        if not ok or raw is None:
+            return None
+        image: ImageU8 = np.asarray(raw, dtype=np.uint8)
+        pos_ms = self._cap.get(cv2.CAP_PROP_POS_MSEC)
+        pts = pos_ms / 1000.0 if pos_ms > 0 or self._index == 0 else self._index / self.info.fps
+        self._index += 1
+        return image, pts
+
+    def close(self) -> None:
+        self._cap.release()
+
+
+class ImageFolderReader:
+    """Images in a folder, in name order, at a nominal frame rate."""
+
+    def __init__(self, folder: str | Path, *, fps: float | None = None) -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise SourceError(f"image folder not found: {self.folder}")
+        self._files = sorted(p for p in self.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not self._files:
+            raise SourceError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in {self.folder}")
+        first = cv2.imread(str(self._files[0]), cv2.IMREAD_COLOR)
+        if first is None:
+            raise SourceError(f"cannot decode image {self._files[0]}")
+        self.info = SourceInfo(
+            first.shape[1], first.shape[0], fps or DEFAULT_FOLDER_FPS, len(self._files)
+        )
+        self._index = 0
+
+    def read(self) -> tuple[ImageU8, float] | None:
+        while self._index < len(self._files):
+            path = self._files[self._index]
+            self._index += 1
+            raw = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            if raw is None:
+                log.warning("skipping undecodable image %s", path)
+                continue
+            image: ImageU8 = np.asarray(raw, dtype=np.uint8)
+            return image, (self._index - 1) / self.info.fps
+        return None
+
+    def close(self) -> None:
+        self._files = []
+
+
+def open_reader(source: str | Path, *, fps: float | None = None) -> FrameReader:
+    """A reader for a video file/URL or an image folder."""
+    if Path(source).is_dir():
+        return ImageFolderReader(source, fps=fps)
+    return VideoReader(source, fps=fps)

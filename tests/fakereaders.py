@@ -1,0 +1,47 @@
+"""In-memory frame readers for pipeline tests: exact pixels, chosen pace, chosen failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from drivepercept.sources.readers import SourceInfo
+from drivepercept.types import ImageU8
+
+
+class FakeReader:
+    """`frames` frames of `size`, each filled with its index; optional pace and failure."""
+
+    def __init__(
+        self,
+        *,
+        size: tuple[int, int] = (64, 48),
+        frames: int = 10,
+        fps: float = 30.0,
+        pace_s: float = 0.0,
+        fail_at: int | None = None,
+    ) -> None:
+        self.info = SourceInfo(size[0], size[1], fps, frames)
+        self.frames = frames
+        self.pace_s = pace_s
+        self.fail_at = fail_at
+        self.index = 0
+        self.closed = threading.Event()
+
+    def read(self) -> tuple[ImageU8, float] | None:
+        if self.index >= self.frames:
+            return None
+        if self.fail_at is not None and self.index == self.fail_at:
+            raise RuntimeError(f"camera broke at frame {self.index}")
+        if self.pace_s:
+            time.sleep(self.pace_s)
+        w, h = self.info.width, self.info.height
+        image = np.full((h, w, 3), self.index % 256, dtype=np.uint8)
+        pts = self.index / self.info.fps
+        self.index += 1
+        return image, pts
+
+    def close(self) -> None:
+        self.closed.set()

@@ -1,0 +1,230 @@
+"""The pipeline end to end on in-memory cameras: geometry, batching, shutdown, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from fakereaders import FakeReader
+
+from drivepercept.config import PipelineConfig
+from drivepercept.models.oracle import make_oracle
+from drivepercept.pipeline import JOIN_TIMEOUT_S, Pipeline, PipelineError
+from drivepercept.types import FrameResult
+
+pytestmark = pytest.mark.timeout(60)
+
+STAGE_THREADS = ("decode-", "batcher", "engine")
+
+
+def _stage_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(STAGE_THREADS)]
+
+
+@pytest.fixture(autouse=True)
+def no_threads_left() -> Iterator[None]:
+    """Every test must end with every pipeline thread stopped and joined."""
+    assert _stage_threads() == []
+    yield
+    assert _stage_threads() == []
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.results: list[FrameResult] = []
+        self.closed = False
+
+    def write(self, result: FrameResult) -> None:
+        self.results.append(result)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _cpu(**kw: object) -> PipelineConfig:
+    return PipelineConfig(device="cpu", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("frame_size", "input_size"),
+    [
+        ((640, 360), (320, 320)),
+        ((300, 500), (320, 192)),
+        ((1280, 720), (256, 384)),
+        ((97, 61), (128, 128)),
+    ],
+)
+def test_boxes_come_back_in_original_pixels(
+    frame_size: tuple[int, int], input_size: tuple[int, int]
+) -> None:
+    # given a box known in original-frame pixels, and the letterbox computed by hand
+    fw, fh = frame_size
+    iw, ih = input_size
+    original = np.array([0.1 * fw, 0.2 * fh, 0.6 * fw, 0.9 * fh])
+    scale = min(iw / fw, ih / fh)
+    nw, nh = round(fw * scale), round(fh * scale)
+    pad_x, pad_y = (iw - nw) // 2, (ih - nh) // 2
+    sx, sy = nw / fw, nh / fh
+    in_input = original * np.array([sx, sy, sx, sy]) + np.array([pad_x, pad_y, pad_x, pad_y])
+    # when an oracle model "detects" exactly that box in its input
+    detector = make_oracle(size=input_size, boxes=[in_input.tolist()])
+    sink = Collect()
+    with Pipeline(
+        cameras=[
+            ("a", FakeReader(size=frame_size, frames=3)),
+            ("b", FakeReader(size=(fh, fw), frames=3)),
+        ],
+        detector=detector,
+        config=_cpu(),
+        sinks=[sink],
+    ) as p:
+        p.run()
+    # then the box comes back in the first camera's original pixels within 1 px
+    a = [r for r in sink.results if r.camera == "a"]
+    assert len(a) == 3
+    for r in a:
+        assert r.detections.xyxy.shape == (1, 4)
+        np.testing.assert_allclose(r.detections.xyxy[0], original, atol=1.0)
+        assert r.detections.names == ["person"]
+    # and the second camera (portrait) maps the same input box into its own frame
+    b = [r for r in sink.results if r.camera == "b"]
+    assert all(0 <= r.detections.xyxy[0, 2] <= fh for r in b)
+
+
+def test_every_frame_of_every_camera_once_in_order() -> None:
+    sink = Collect()
+    cams = [(f"c{i}", FakeReader(frames=n)) for i, n in enumerate((25, 7, 18))]
+    with Pipeline(
+        cameras=cams, detector=make_oracle(size=(64, 64)), config=_cpu(), sinks=[sink]
+    ) as p:
+        stats = p.run()
+    for name, n in (("c0", 25), ("c1", 7), ("c2", 18)):
+        idx = [r.frame_index for r in sink.results if r.camera == name]
+        assert idx == list(range(n)), name
+    assert stats.frames == 50 and not stats.interrupted and stats.threads_not_stopped == ()
+    assert sink.closed
+    # stage timestamps are in pipeline order for every frame
+    for r in sink.results:
+        t = r.timing
+        order = [
+            t.capture_ns,
+            t.decoded_ns,
+            t.preprocessed_ns,
+            t.queued_ns,
+            t.batched_ns,
+            t.copy_done_ns,
+            t.inference_done_ns,
+            t.postprocessed_ns,
+            t.emitted_ns,
+        ]
+        assert order == sorted(order)
+
+
+def test_slow_camera_does_not_hold_back_the_others() -> None:
+    # given three cameras paced at 50 fps and one at 5 fps
+    fast = [(f"fast{i}", FakeReader(frames=60, pace_s=0.02)) for i in range(3)]
+    slow = ("slow", FakeReader(frames=6, pace_s=0.2))
+    sink = Collect()
+    with Pipeline(
+        cameras=[*fast, slow],
+        detector=make_oracle(size=(64, 64)),
+        config=_cpu(batch_timeout_ms=30.0),
+        sinks=[sink],
+    ) as p:
+        stats = p.run()
+    # then partial batches went out on timeout and the fast cameras kept (nearly) their rate
+    assert stats.partial_batches > 0
+    by_cam = {c.name: c for c in stats.cameras}
+    assert by_cam["slow"].frames == 6
+    for i in range(3):
+        cam = by_cam[f"fast{i}"]
+        assert cam.frames == 60
+    fast_times = sorted(r.timing.emitted_ns for r in sink.results if r.camera == "fast0")
+    fast_rate = (len(fast_times) - 1) / ((fast_times[-1] - fast_times[0]) / 1e9)
+    assert fast_rate > 30.0  # paced at 50 fps; waiting for the slow one would give 5
+    sizes = {r.batch_size for r in sink.results}
+    assert 3 in sizes
+
+
+def test_camera_that_ends_early_leaves_the_rest_running() -> None:
+    sink = Collect()
+    cams = [("long", FakeReader(frames=40, pace_s=0.005)), ("short", FakeReader(frames=3))]
+    with Pipeline(
+        cameras=cams,
+        detector=make_oracle(size=(64, 64)),
+        config=_cpu(batch_timeout_ms=1000.0),
+        sinks=[sink],
+    ) as p:
+        t0 = time.monotonic()
+        stats = p.run()
+        elapsed = time.monotonic() - t0
+    assert [c.frames for c in stats.cameras] == [40, 3]
+    # an ended camera is not waited for: 40 frames at 5 ms, far below 37 x the 1 s timeout
+    assert elapsed < 10.0
+
+
+def test_failing_camera_raises_pipeline_error_and_stops_everything() -> None:
+    sink = Collect()
+    cams = [
+        ("ok", FakeReader(frames=1000, pace_s=0.001)),
+        ("bad", FakeReader(frames=50, fail_at=5)),
+    ]
+    with (
+        Pipeline(
+            cameras=cams, detector=make_oracle(size=(64, 64)), config=_cpu(), sinks=[sink]
+        ) as p,
+        pytest.raises(PipelineError, match="camera broke") as info,
+    ):
+        p.run()
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert sink.closed
+
+
+def test_keyboard_interrupt_stops_within_the_join_budget() -> None:
+    sink = Collect()
+    cams = [(f"c{i}", FakeReader(frames=100_000, pace_s=0.002)) for i in range(3)]
+    calls = {"n": 0}
+
+    def interrupt(p: Pipeline) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+
+    with Pipeline(
+        cameras=cams, detector=make_oracle(size=(64, 64)), config=_cpu(), sinks=[sink]
+    ) as p:
+        t0 = time.monotonic()
+        stats = p.run(progress=interrupt, progress_interval_s=0.1)
+        stop_s = time.monotonic() - t0
+    assert stats.interrupted and stats.threads_not_stopped == ()
+    assert stats.frames == len(sink.results) > 0
+    assert stop_s < 0.1 * 3 + JOIN_TIMEOUT_S + 1.0
+    assert sink.closed
+
+
+def test_drop_oldest_keeps_queues_bounded_and_counts_drops() -> None:
+    # given a fast camera feeding a deliberately slow consumer under the live policy
+    class SlowSink(Collect):
+        def write(self, result: FrameResult) -> None:
+            time.sleep(0.01)
+            super().write(result)
+
+    sink = SlowSink()
+    reader = FakeReader(frames=300)
+    with Pipeline(
+        cameras=[("live", reader)],
+        detector=make_oracle(size=(64, 64)),
+        config=_cpu(drop_policy="drop_oldest", queue_capacity=2),
+        sinks=[sink],
+    ) as p:
+        stats = p.run()
+    cam = stats.cameras[0]
+    assert cam.dropped > 0
+    assert cam.frames + cam.dropped == 300
+    assert max(stats.queue_high_water) <= 2
+    # the newest frame wins: processed frame indices only increase
+    idx = [r.frame_index for r in sink.results]
+    assert idx == sorted(idx) and idx[-1] == 299
