@@ -7,16 +7,27 @@ are for bugs (run with `--debug` to see them for any error).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from drivepercept import __version__
-from drivepercept.config import SimulationConfig, load_rig, parse_size
+from drivepercept.config import (
+    PipelineConfig,
+    SimulationConfig,
+    load_pipeline_toml,
+    parse_size,
+)
 from drivepercept.errors import ConfigError, DrivePerceptError
+
+if TYPE_CHECKING:
+    from drivepercept.pipeline import Pipeline
+    from drivepercept.replay import ReplayResult
 
 log = logging.getLogger("drivepercept")
 
@@ -45,8 +56,59 @@ ground truth, byte for byte.
 
 _REPLAY_EPILOG = """\
 examples:
-  drivepercept replay sample_videos/rig.toml
+  drivepercept replay sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
+  drivepercept replay front.mp4 rear.mp4 --model fasterrcnn_mobilenet_v3_large_320_fpn \\
+      --weights DEFAULT --device cuda --precision fp16 --save-video
+  drivepercept replay --config replay.toml sample_videos/rig.toml
+
+SOURCE is a rig file (rig.toml), a video file or a folder of images; several sources make
+one rig, in the order given. The run folder (runs/<name>/) gets detections.jsonl, frames.csv
+(stage timestamps per frame) and run.json (config, versions, device, summary). A --config
+TOML file takes the same keys as the flags (with underscores); flags override it.
 """
+
+_BENCH_EPILOG = """\
+examples:
+  drivepercept bench sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
+
+Measures, on one machine, model and batch: (a) the model alone on pre-made batches (the
+ceiling), (b) the full pipeline, (c) a naive one-frame-at-a-time loop; prints frames/s of
+each and the ratios pipeline/ceiling and pipeline/naive.
+"""
+
+_PIPELINE_KEYS = {f.name for f in dataclasses.fields(PipelineConfig)}
+_REPLAY_KEYS = {"model", "weights", "out", "name", "save_video", "mosaic"}
+DEFAULT_MODEL = "ssdlite320_mobilenet_v3_large"
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "sources",
+        nargs="*",
+        metavar="SOURCE",
+        help="rig.toml, video file or image folder (several make one rig)",
+    )
+    p.add_argument("--rig", help="a rig file (same as giving it as a SOURCE)")
+    p.add_argument("--config", type=Path, help="TOML file with the same keys as the flags")
+    p.add_argument(
+        "--model", help=f"registry name or package.module:factory (default {DEFAULT_MODEL})"
+    )
+    p.add_argument(
+        "--weights",
+        help="DEFAULT (torchvision download), a local state-dict "
+        "path, or none (random; default DEFAULT)",
+    )
+    p.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
+    p.add_argument(
+        "--batch-timeout-ms", type=float, help="partial batch after this wait (default 20)"
+    )
+    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), help="default fp32")
+    p.add_argument(
+        "--channels-last", action="store_const", const=True, help="NHWC memory format for the model"
+    )
+    p.add_argument("--score-threshold", type=float, help="default 0.3")
+    p.add_argument("--queue-capacity", type=int, help="frames waiting per camera (default 4)")
+    p.add_argument("--max-frames", type=int, help="stop each camera after N frames")
 
 
 def _build_parser() -> _Parser:
@@ -89,8 +151,36 @@ def _build_parser() -> _Parser:
         epilog=_REPLAY_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rep.add_argument("rig", type=Path, help="rig file (rig.toml)")
+    _add_model_args(rep)
+    rep.add_argument("--out", type=Path, help="folder for run folders (default runs/)")
+    rep.add_argument("--name", help="run folder name (default replay-<date>-<time>)")
+    rep.add_argument(
+        "--save-video",
+        action="store_const",
+        const=True,
+        help="also write annotated videos, one per camera",
+    )
+    rep.add_argument(
+        "--mosaic",
+        action="store_const",
+        const=True,
+        help="with --save-video: one tiled video of all cameras instead",
+    )
+    rep.add_argument("--no-progress", action="store_true", help="no progress bar")
     rep.set_defaults(handler=_cmd_replay)
+
+    ben = sub.add_parser(
+        "bench",
+        help="model ceiling vs pipeline vs naive loop, on one machine",
+        description="Benchmark the pipeline against the model alone and a naive loop.",
+        epilog=_BENCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_args(ben)
+    ben.add_argument(
+        "--frames", type=int, default=30, help="frames per camera for each measurement (default 30)"
+    )
+    ben.set_defaults(handler=_cmd_bench)
     return parser
 
 
@@ -129,27 +219,122 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_replay(args: argparse.Namespace) -> int:
-    import cv2
+def _options(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """Sources and settings: the --config file first, then the flags on top."""
+    settings: dict[str, Any] = {}
+    if args.config is not None:
+        raw = load_pipeline_toml(args.config)
+        unknown = sorted(set(raw) - _PIPELINE_KEYS - _REPLAY_KEYS - {"sources"})
+        if unknown:
+            raise ConfigError(f"config file {args.config}: unknown keys {unknown}")
+        settings.update(raw)
+    for key in (*_PIPELINE_KEYS, *_REPLAY_KEYS):
+        value = getattr(args, key, None)
+        if value is not None:
+            settings[key] = value
+    sources = [*settings.pop("sources", []), *(args.sources or [])]
+    if args.rig:
+        sources.insert(0, args.rig)
+    if not sources:
+        raise ConfigError("give at least one SOURCE (rig.toml, video file or image folder)")
+    return tuple(str(s) for s in sources), settings
 
-    rig = load_rig(args.rig)
-    for cam in rig.cameras:
-        if cam.video is None:
-            raise ConfigError(f"camera {cam.name!r} in {args.rig} has no video")
-        cap = cv2.VideoCapture(str(cam.video))
-        try:
-            if not cap.isOpened():
-                raise ConfigError(f"camera {cam.name!r}: cannot open video {cam.video}")
-            frames = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
-            fps = cap.get(cv2.CAP_PROP_FPS)
-            width = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))
-            height = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
-        finally:
-            cap.release()
-        print(f"{cam.name:>12}: {cam.video.name} {width}x{height} {fps:g} fps {frames} frames")
-    print(
-        "replay: rig checked; pipeline not built yet (detection arrives with the replay pipeline)"
+
+def _pipeline_config(settings: dict[str, Any]) -> PipelineConfig:
+    try:
+        return PipelineConfig(**{k: v for k, v in settings.items() if k in _PIPELINE_KEYS})
+    except TypeError as exc:
+        raise ConfigError(f"bad pipeline setting: {exc}") from None
+
+
+class _Progress:
+    """A one-line progress bar on stderr (only when stderr is a terminal or forced)."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.started = time.monotonic()
+
+    def __call__(self, pipeline: Pipeline) -> None:
+        if not self.enabled:
+            return
+        done = sum(pipeline.frames_done())
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        if self.total > 0:
+            frac = min(done / self.total, 1.0)
+            bar = "#" * int(frac * 30)
+            text = f"[{bar:<30}] {done}/{self.total} frames"
+        else:
+            text = f"{done} frames"
+        sys.stderr.write(f"\r{text}  {done / elapsed:6.1f} frames/s")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _summary_table(result: ReplayResult) -> str:
+    rows = [f"{'camera':<24} {'frames':>7} {'fps':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}"]
+    for cam in result.stats.cameras:
+        lat = cam.latency_ms
+        rows.append(
+            f"{cam.name:<24} {cam.frames:>7d} {cam.fps:>7.1f} {lat['p50']:>8.1f} "
+            f"{lat['p95']:>8.1f} {lat['p99']:>8.1f}"
+        )
+    s = result.stats
+    rows.append(
+        f"{'all':<24} {s.frames:>7d} {s.throughput_fps:>7.1f}   "
+        f"({s.batches} batches, {s.partial_batches} partial, mean size "
+        f"{s.mean_batch_size:.2f}, device {s.device})"
     )
+    return "\n".join(rows)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from drivepercept.replay import ReplayOptions, resolve_cameras, run_replay
+
+    sources, settings = _options(args)
+    options = ReplayOptions(
+        sources=sources,
+        model=settings.get("model", DEFAULT_MODEL),
+        weights=settings.get("weights", "DEFAULT"),
+        pipeline=_pipeline_config(settings),
+        out_root=Path(settings.get("out", "runs")),
+        name=settings.get("name"),
+        save_video=bool(settings.get("save_video", False)),
+        mosaic=bool(settings.get("mosaic", False)),
+    )
+    resolve_cameras(options.sources)  # fail fast on bad sources, before loading a model
+    bar = _Progress(0, enabled=not args.no_progress and sys.stderr.isatty())
+    result = run_replay(options, progress=bar)
+    bar.finish()
+    print(_summary_table(result))
+    print(f"run folder: {result.run_dir}")
+    if result.stats.interrupted:
+        print("interrupted: outputs hold the frames processed so far", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from drivepercept.bench import bench
+    from drivepercept.models import load_detector
+    from drivepercept.replay import resolve_cameras
+
+    sources, settings = _options(args)
+    if args.frames < 1:
+        raise ConfigError(f"--frames must be >= 1, got {args.frames}")
+    cams = resolve_cameras(sources)
+    detector = load_detector(
+        settings.get("model", DEFAULT_MODEL), weights=settings.get("weights", "DEFAULT")
+    )
+    result = bench(cams, detector, _pipeline_config(settings), frames_per_camera=args.frames)
+    print(
+        f"model {detector.name}, input {detector.input.size[0]}x{detector.input.size[1]}, "
+        f"{len(cams)} cameras"
+    )
+    print(result.table())
     return EXIT_OK
 
 
@@ -157,6 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `drivepercept` console script and `python -m drivepercept`."""
     parser = _build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if not (args.verbose or args.debug):
+        # OpenCV and FFmpeg print their own warnings for every bad or truncated file; our
+        # errors already say what went wrong in one line. Set before OpenCV is first used.
+        os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+        os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",

@@ -163,28 +163,6 @@ def test_interrupted_simulation_leaves_valid_files(tmp_path: Path) -> None:
         assert (frames, fps, size) == (5, 10.0, (320, 180))
 
 
-def test_replay_checks_the_rig_and_says_the_pipeline_is_not_built(tmp_path: Path) -> None:
-    assert main(["simulate", "--out", str(tmp_path), "--cameras", "1", "--seconds", "0.5"]) == 0
-    proc = _run("replay", str(tmp_path / "rig.toml"))
-    assert proc.returncode == 0, proc.stderr
-    assert "front" in proc.stdout and "pipeline not built yet" in proc.stdout
-    missing = _run("replay", str(tmp_path / "none.toml"))
-    assert missing.returncode == 1 and "rig file not found" in missing.stderr
-    assert "Traceback" not in missing.stderr
-
-
-def test_replay_opens_real_clips_from_a_hand_written_rig(real_videos: Path, tmp_path: Path) -> None:
-    clips = sorted(p for p in real_videos.iterdir() if p.suffix in (".mp4", ".avi"))
-    assert clips
-    rig = tmp_path / "real.toml"
-    rig.write_text(
-        "".join(f'[[cameras]]\nname = "{p.stem[:40]}"\nvideo = "{p}"\n\n' for p in clips)
-    )
-    proc = _run("replay", str(rig))
-    assert proc.returncode == 0, proc.stderr
-    assert "960x540" in proc.stdout and "320x240" in proc.stdout
-
-
 def test_version_and_help() -> None:
     proc = _run("--version")
     assert proc.returncode == 0 and "drivepercept" in proc.stdout

@@ -1,0 +1,160 @@
+"""`drivepercept bench`: how close the pipeline gets to the model's ceiling, and to naive code.
+
+Three measurements on the same machine, model, input size and batch, in one run:
+
+(a) model-only: pre-made batches (one prepared frame per camera, taken from the rig) through
+    normalise + model + post-processing, back to back. The ceiling: no decoding at all.
+(b) pipeline: the full replay pipeline on the rig (decoder threads, batcher, engine).
+(c) naive: for each camera in turn, read a frame, prepare it, run it alone (batch 1) and wait
+    for the result; what a first attempt in a notebook does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from drivepercept.config import CameraConfig, PipelineConfig, PrepareSpec
+from drivepercept.engine.device import resolve_device
+from drivepercept.engine.stages import postprocess, to_model_input
+from drivepercept.models.base import Detector
+from drivepercept.pipeline import Pipeline
+from drivepercept.replay import open_readers
+from drivepercept.sources.prepare import prepare
+
+
+@dataclass(frozen=True)
+class BenchLine:
+    mode: str
+    frames: int
+    seconds: float
+
+    @property
+    def fps(self) -> float:
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    model_only: BenchLine
+    pipeline: BenchLine
+    naive: BenchLine
+    batch: int
+    device: str
+
+    def table(self) -> str:
+        rows = [f"{'mode':<12} {'frames':>7} {'seconds':>8} {'frames/s':>9}"]
+        for line in (self.model_only, self.pipeline, self.naive):
+            rows.append(f"{line.mode:<12} {line.frames:>7d} {line.seconds:>8.2f} {line.fps:>9.1f}")
+        rows.append(f"pipeline / model-only: {self.pipeline.fps / self.model_only.fps:.2f}x")
+        rows.append(f"pipeline / naive:      {self.pipeline.fps / self.naive.fps:.2f}x")
+        rows.append(f"(batch {self.batch}, device {self.device})")
+        return "\n".join(rows)
+
+
+class _Runner:
+    """normalise + model + postprocess on one device, synchronously."""
+
+    def __init__(self, detector: Detector, config: PipelineConfig, device: torch.device) -> None:
+        self.detector = detector
+        self.config = config
+        self.device = device
+        self.model = detector.module.to(device).eval()
+        self.keep: torch.Tensor | None = None
+        if detector.keep_labels is not None:
+            keep = torch.zeros(
+                max(len(detector.class_names), max(detector.keep_labels) + 1), dtype=torch.bool
+            )
+            keep[list(detector.keep_labels)] = True
+            self.keep = keep.to(device)
+
+    def __call__(self, batch_u8: torch.Tensor) -> list[int]:
+        spec = self.detector.input
+        cfg = self.config
+        with torch.inference_mode():
+            x = to_model_input(batch_u8.to(self.device), mean=spec.mean, std=spec.std)
+            out = self.model(x)
+            _, counts = postprocess(
+                out,
+                score_threshold=cfg.score_threshold,
+                iou_threshold=cfg.iou_threshold,
+                max_detections=cfg.max_detections,
+                keep=self.keep,
+            )
+            return [int(c) for c in counts.cpu()]  # waits for the device
+
+
+def _spec(detector: Detector) -> PrepareSpec:
+    return PrepareSpec(
+        size=detector.input.size,
+        letterbox=detector.input.letterbox,
+        pad_value=detector.input.pad_value,
+    )
+
+
+def bench(
+    cams: Sequence[CameraConfig],
+    detector: Detector,
+    config: PipelineConfig,
+    *,
+    frames_per_camera: int,
+    warmup: int = 2,
+) -> BenchResult:
+    """Run the three measurements; `frames_per_camera` frames of each camera in (b) and (c)
+    and as many batches in (a)."""
+    device = resolve_device(config.device)
+    runner = _Runner(detector, config, device)
+    spec = _spec(detector)
+    n = len(cams)
+
+    # (a) model-only on a pre-made batch of real prepared frames
+    readers = open_readers(cams)
+    images = []
+    for r in readers:
+        got = r.read()
+        if got is None:
+            raise ValueError("a source has no frames to benchmark with")
+        images.append(prepare(got[0], spec)[0])
+        r.close()
+    batch = torch.from_numpy(np.stack(images))
+    for _ in range(warmup):
+        runner(batch)
+    start = time.perf_counter()
+    for _ in range(frames_per_camera):
+        runner(batch)
+    model_only = BenchLine("model-only", frames_per_camera * n, time.perf_counter() - start)
+
+    # (b) the pipeline
+    pipe_cfg = dataclasses.replace(config, max_frames=frames_per_camera)
+    readers = open_readers(cams)
+    with Pipeline(
+        cameras=[(c.name, r) for c, r in zip(cams, readers, strict=True)],
+        detector=detector,
+        config=pipe_cfg,
+    ) as pipeline:
+        stats = pipeline.run()
+    piped = BenchLine("pipeline", stats.frames, stats.elapsed_s)
+
+    # (c) naive: one camera, one frame at a time, synchronously
+    readers = open_readers(cams)
+    done = 0
+    start = time.perf_counter()
+    try:
+        for _ in range(frames_per_camera):
+            for r in readers:
+                got = r.read()
+                if got is None:
+                    continue
+                image, _ = prepare(got[0], spec)
+                runner(torch.from_numpy(image[None]))
+                done += 1
+    finally:
+        for r in readers:
+            r.close()
+    naive = BenchLine("naive", done, time.perf_counter() - start)
+    return BenchResult(model_only, piped, naive, batch=n, device=str(device))
