@@ -104,7 +104,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), help="default fp32")
     p.add_argument(
-        "--channels-last", action="store_const", const=True, help="NHWC memory format for the model"
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="NHWC memory format for the model (default on)",
     )
     p.add_argument("--score-threshold", type=float, help="default 0.3")
     p.add_argument("--queue-capacity", type=int, help="frames waiting per camera (default 4)")

@@ -425,7 +425,9 @@ class PipelineConfig:
         drop_policy: "block" (replay: never lose a frame) or "drop_oldest" (live).
         device: "auto", "cpu", "cuda" or "cuda:N".
         precision: "fp32", "fp16" or "bf16" (autocast; fp16/bf16 need CUDA for speed).
-        channels_last: run the model on NHWC memory layout (faster convolutions on GPUs).
+        channels_last: run the model on NHWC memory layout (faster convolutions on GPUs with
+            fp16/bf16, and for MobileNet-style models on CPUs too: 35 vs 55 ms a frame for
+            ssdlite at batch 1 on the 2-core development machine).
         score_threshold, iou_threshold, max_detections: post-processing.
         ring_slots: staging buffers (>= max_in_flight + 1).
         max_in_flight: batches submitted to the device and not yet completed.
@@ -437,7 +439,7 @@ class PipelineConfig:
     drop_policy: str = "block"
     device: str = "auto"
     precision: str = "fp32"
-    channels_last: bool = False
+    channels_last: bool = True
     score_threshold: float = 0.3
     iou_threshold: float = 0.5
     max_detections: int = 100

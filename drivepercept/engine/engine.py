@@ -100,6 +100,11 @@ class InferenceEngine:
         self.batches_done = 0
         self.frames_done = 0
         self.dtype = _DTYPES[config.precision]
+        detector.configure_postprocess(
+            score_threshold=config.score_threshold,
+            iou_threshold=config.iou_threshold,
+            max_detections=config.max_detections,
+        )
         model = detector.module.to(device).eval()
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)

@@ -116,4 +116,14 @@ def build(name: str, weights: str | None) -> Detector:
         input=spec,
         class_names=class_names,
         keep_labels=driving_labels(class_names),
+        set_postprocess=lambda score, iou, k: _set_postprocess(module, score, iou, k),
     )
+
+
+def _set_postprocess(module: torch.nn.Module, score: float, iou: float, k: int) -> None:
+    """Two-stage detectors keep these on their ROI heads, one-stage ones on themselves."""
+    target = getattr(module, "roi_heads", module)
+    for attr, value in (("score_thresh", score), ("nms_thresh", iou), ("detections_per_img", k)):
+        if not hasattr(target, attr):
+            raise AttributeError(f"{type(module).__name__} has no {attr} to configure")
+        setattr(target, attr, value)

@@ -15,6 +15,7 @@ where `factory(weights: str | None) -> Detector` builds it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,10 @@ class Detector:
         input: what it wants as input.
         class_names: label index -> name.
         keep_labels: labels kept by the class filter (None keeps all).
+        set_postprocess: optional hook `(score_threshold, iou_threshold, max_detections)`
+            that pushes the engine's post-processing settings into the model's own (torchvision
+            detectors filter candidates internally at a very low score; telling them the final
+            threshold saves building and suppressing boxes the engine would drop anyway).
     """
 
     name: str
@@ -68,3 +73,11 @@ class Detector:
     input: InputSpec
     class_names: tuple[str, ...]
     keep_labels: frozenset[int] | None = None
+    set_postprocess: Callable[[float, float, int], None] | None = None
+
+    def configure_postprocess(
+        self, *, score_threshold: float, iou_threshold: float, max_detections: int
+    ) -> None:
+        """Apply the engine's post-processing settings inside the model, if it supports it."""
+        if self.set_postprocess is not None:
+            self.set_postprocess(score_threshold, iou_threshold, max_detections)

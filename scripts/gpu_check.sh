@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Every GPU check in one run (well under 8 minutes on one GPU): the tests marked `cuda`
+# (pinned staging ring, slot reuse under load, copy/compute overlap, fp16/bf16) and
+# `drivepercept bench` on the GPU for two models and three precisions. Results go to $OUT
+# (default ./gpu_check_out). Exit status: non-zero if any check failed.
+#
+# On a machine with a package registry it installs the project with pip. On one without
+# (the lent GPU machine), put the pure-Python wheels it lacks into .whl/ first, e.g.
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl tomli-w pytest-timeout
+# and they are installed from there instead (torch, torchvision, OpenCV and pytest are
+# expected to be present).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu_check_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/drivepercept-site .whl/*.whl || exit 1
+    export PYTHONPATH="$PWD:/tmp/drivepercept-site${PYTHONPATH:+:$PYTHONPATH}"
+else
+    python3 -m pip install -q -e '.[dev]' || exit 1
+fi
+
+status=0
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || { echo "gpu_check: nvidia-smi failed" >&2; status=1; }
+python3 - >"$OUT/env.txt" 2>&1 <<'PY'
+import torch, torchvision, cv2
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+print("torchvision", torchvision.__version__, "opencv", cv2.__version__)
+if torch.cuda.is_available():
+    print("gpu", torch.cuda.get_device_name(0))
+PY
+cat "$OUT/env.txt"
+
+timeout 240 python3 -m pytest -m cuda -q -p no:cacheprovider -rs tests 2>&1 | tee "$OUT/pytest-cuda.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+grep -q " passed" "$OUT/pytest-cuda.txt" || { echo "gpu_check: no cuda test ran" >&2; status=1; }
+
+for model in ssdlite320_mobilenet_v3_large fasterrcnn_mobilenet_v3_large_320_fpn; do
+    for precision in fp32 fp16 bf16; do
+        echo "== bench $model $precision" | tee -a "$OUT/bench.txt"
+        timeout 60 python3 -m drivepercept bench sample_videos/rig.toml --model "$model" \
+            --weights none --device cuda --precision "$precision" --frames 60 2>&1 \
+            | tee -a "$OUT/bench.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+done
+exit "$status"
