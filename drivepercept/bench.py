@@ -21,7 +21,7 @@ import torch
 
 from drivepercept.config import CameraConfig, PipelineConfig, PrepareSpec
 from drivepercept.engine.device import resolve_device
-from drivepercept.engine.stages import postprocess, to_model_input
+from drivepercept.engine.stages import keep_table, postprocess, to_model_input
 from drivepercept.models.base import Detector
 from drivepercept.pipeline import Pipeline
 from drivepercept.replay import open_readers
@@ -75,13 +75,7 @@ class _Runner:
         self.model = detector.module.to(device).eval()
         if config.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.keep: torch.Tensor | None = None
-        if detector.keep_labels is not None:
-            keep = torch.zeros(
-                max(len(detector.class_names), max(detector.keep_labels) + 1), dtype=torch.bool
-            )
-            keep[list(detector.keep_labels)] = True
-            self.keep = keep.to(device)
+        self.keep = keep_table(detector.keep_labels, len(detector.class_names), device)
 
     def __call__(self, batch_u8: torch.Tensor) -> list[int]:
         spec = self.detector.input

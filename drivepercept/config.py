@@ -212,6 +212,21 @@ def _integer(table: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
+def read_toml(path: Path, *, what: str) -> dict[str, Any]:
+    """Parse a TOML file; every failure is a one-line ConfigError naming `what` and the path."""
+    try:
+        with path.open("rb") as fh:
+            return dict(tomllib.load(fh))
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} is a directory, expected a .toml file: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+
+
 def _camera_from_table(raw: object, index: int, base_dir: Path) -> CameraConfig:
     where = f"cameras[{index}]"
     table = _table(raw, where)
@@ -274,17 +289,7 @@ def load_rig(path: str | Path) -> RigConfig:
         ConfigError: the file is missing, is not TOML, or a camera entry is invalid.
     """
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"rig file not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"rig file is a directory, expected a .toml file: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"rig file {path} is not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read rig file {path}: {exc}") from None
+    data = read_toml(path, what="rig file")
     cameras = data.get("cameras")
     if not isinstance(cameras, list) or not cameras:
         raise ConfigError(f"rig file {path} has no [[cameras]] entries")
@@ -484,14 +489,5 @@ def load_pipeline_toml(path: str | Path) -> dict[str, Any]:
 
     Returns the raw mapping; the CLI merges it under its flags and validates the result.
     """
-    path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    data = read_toml(Path(path), what="config file")
     return dict(data.get("replay", data))

@@ -32,7 +32,7 @@ import torch
 
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
-from drivepercept.engine.stages import postprocess, to_model_input
+from drivepercept.engine.stages import keep_table, postprocess, to_model_input
 from drivepercept.models.base import Detector
 from drivepercept.queues import put_until_stopped
 from drivepercept.types import Batch, Detections, FrameResult, FrameTiming
@@ -109,14 +109,7 @@ class InferenceEngine:
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
-        n_keep = max(len(detector.class_names), 1)
-        self.keep: torch.Tensor | None = None
-        if detector.keep_labels is not None:
-            keep = torch.zeros(
-                max(n_keep, max(detector.keep_labels, default=0) + 1), dtype=torch.bool
-            )
-            keep[list(detector.keep_labels)] = True
-            self.keep = keep.to(device)
+        self.keep = keep_table(detector.keep_labels, len(detector.class_names), device)
         # Output buffers: one per batch that can be in flight, +2 for the ones being
         # submitted and completed. Pinned on CUDA so the device-to-host copy is asynchronous.
         n_out = config.max_in_flight + 2

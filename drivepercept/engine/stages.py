@@ -32,6 +32,17 @@ def to_model_input(
     return x.contiguous(memory_format=memory_format)
 
 
+def keep_table(
+    keep_labels: frozenset[int] | None, n_classes: int, device: torch.device
+) -> torch.Tensor | None:
+    """A bool lookup table (keep[label]) for the class filter; None keeps every class."""
+    if keep_labels is None:
+        return None
+    keep = torch.zeros(max(n_classes, max(keep_labels, default=0) + 1), dtype=torch.bool)
+    keep[list(keep_labels)] = True
+    return keep.to(device)
+
+
 def postprocess(
     outputs: Sequence[dict[str, torch.Tensor]],
     *,
