@@ -396,3 +396,36 @@ def test_ctrl_c_stops_quickly_and_leaves_valid_outputs(tmp_path: Path) -> None:
     record = json.loads((run / "run.json").read_text())
     assert record["status"] == "interrupted"
     assert record["summary"]["frames"] == len(lines)
+
+
+def test_image_folder_is_a_camera(tmp_path: Path) -> None:
+    # given a folder of 5 images (and a stray text file) beside a video
+    folder = tmp_path / "cam_images"
+    folder.mkdir()
+    for k in range(5):
+        cv2.imwrite(str(folder / f"{k:04d}.png"), np.full((90, 160, 3), k * 40, np.uint8))
+    (folder / "notes.txt").write_text("not an image")
+    assert (
+        main(
+            [
+                "replay",
+                str(folder),
+                str(SAMPLE_RIG.parent / "front.mp4"),
+                "--model",
+                ORACLE,
+                "--weights",
+                "none",
+                "--max-frames",
+                "8",
+                "--out",
+                str(tmp_path),
+                "--name",
+                "f",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    per_cam = _per_camera(_lines(tmp_path / "f"))
+    assert sorted(per_cam["cam_images"]) == [0, 1, 2, 3, 4]
+    assert sorted(per_cam["front"]) == list(range(8))
