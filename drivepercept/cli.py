@@ -278,16 +278,19 @@ class _Progress:
 
 
 def _summary_table(result: ReplayResult) -> str:
-    rows = [f"{'camera':<24} {'frames':>7} {'fps':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}"]
+    width = max(6, *(len(c.name) for c in result.stats.cameras))
+    rows = [
+        f"{'camera':<{width}} {'frames':>7} {'fps':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}"
+    ]
     for cam in result.stats.cameras:
         lat = cam.latency_ms
         rows.append(
-            f"{cam.name:<24} {cam.frames:>7d} {cam.fps:>7.1f} {lat['p50']:>8.1f} "
+            f"{cam.name:<{width}} {cam.frames:>7d} {cam.fps:>7.1f} {lat['p50']:>8.1f} "
             f"{lat['p95']:>8.1f} {lat['p99']:>8.1f}"
         )
     s = result.stats
     rows.append(
-        f"{'all':<24} {s.frames:>7d} {s.throughput_fps:>7.1f}   "
+        f"{'all':<{width}} {s.frames:>7d} {s.throughput_fps:>7.1f}   "
         f"({s.batches} batches, {s.partial_batches} partial, mean size "
         f"{s.mean_batch_size:.2f}, device {s.device})"
     )

@@ -64,7 +64,8 @@ class DecoderThread:
                 got = self.reader.read()
                 if got is None:
                     expected = self.reader.info.frame_count
-                    if expected > 0 and self.frames_read < expected and not self.max_frames:
+                    # frame counts in containers are estimates: one frame short is normal
+                    if expected > 0 and expected - self.frames_read > 1 and not self.max_frames:
                         log.warning(
                             "camera %s ended after %d of %d frames (truncated file?)",
                             self.camera,
