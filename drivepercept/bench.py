@@ -26,6 +26,7 @@ from drivepercept.models.base import Detector
 from drivepercept.pipeline import Pipeline
 from drivepercept.replay import open_readers
 from drivepercept.sources.prepare import prepare
+from drivepercept.sources.readers import SourceError
 
 
 @dataclass(frozen=True)
@@ -167,12 +168,16 @@ def bench(
 
     # (a)'s pre-made batch: the first frame of every camera, prepared once
     images = []
-    for r in open_readers(cams):
-        got = r.read()
-        r.close()
-        if got is None:
-            raise ValueError("a source has no frames to benchmark with")
-        images.append(prepare(got[0], spec)[0])
+    readers = open_readers(cams)
+    try:
+        for cam, r in zip(cams, readers, strict=True):
+            got = r.read()
+            if got is None:
+                raise SourceError(f"camera {cam.name!r} has no frames to benchmark with")
+            images.append(prepare(got[0], spec)[0])
+    finally:
+        for r in readers:
+            r.close()
     batch = torch.from_numpy(np.stack(images))
     for _ in range(warmup):
         runner(batch)

@@ -23,7 +23,7 @@ from drivepercept.config import (
     load_pipeline_toml,
     parse_size,
 )
-from drivepercept.errors import ConfigError, DrivePerceptError
+from drivepercept.errors import ConfigError, DrivePerceptError, one_line
 
 if TYPE_CHECKING:
     from drivepercept.pipeline import Pipeline
@@ -183,6 +183,12 @@ def _build_parser() -> _Parser:
     ben.add_argument(
         "--frames", type=int, default=30, help="frames per camera for each measurement (default 30)"
     )
+    ben.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds; each mode's best is kept (default 3)",
+    )
     ben.set_defaults(handler=_cmd_bench)
     return parser
 
@@ -253,17 +259,19 @@ def _pipeline_config(settings: dict[str, Any]) -> PipelineConfig:
 class _Progress:
     """A one-line progress bar on stderr (only when stderr is a terminal or forced)."""
 
-    def __init__(self, total: int, *, enabled: bool) -> None:
-        self.total = total
+    def __init__(self, *, enabled: bool) -> None:
+        self.total: int | None = None
         self.enabled = enabled
         self.started = time.monotonic()
 
     def __call__(self, pipeline: Pipeline) -> None:
         if not self.enabled:
             return
+        if self.total is None:
+            self.total = pipeline.expected_frames()
         done = sum(pipeline.frames_done())
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        if self.total > 0:
+        if self.total and self.total > 0:
             frac = min(done / self.total, 1.0)
             bar = "#" * int(frac * 30)
             text = f"[{bar:<30}] {done}/{self.total} frames"
@@ -312,7 +320,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         mosaic=bool(settings.get("mosaic", False)),
     )
     resolve_cameras(options.sources)  # fail fast on bad sources, before loading a model
-    bar = _Progress(0, enabled=not args.no_progress and sys.stderr.isatty())
+    bar = _Progress(enabled=not args.no_progress and sys.stderr.isatty())
     result = run_replay(options, progress=bar)
     bar.finish()
     print(_summary_table(result))
@@ -320,6 +328,15 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if result.stats.interrupted:
         print("interrupted: outputs hold the frames processed so far", file=sys.stderr)
         return EXIT_INTERRUPTED
+    short = [c for c in result.stats.cameras if c.short_by]
+    if short:
+        what = ", ".join(f"{c.name} after {c.frames} frames ({c.short_by} missing)" for c in short)
+        print(
+            f"drivepercept replay: error: video ended early (truncated?): {what}; every "
+            f"decodable frame was processed, see {result.run_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     return EXIT_OK
 
 
@@ -329,13 +346,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from drivepercept.replay import resolve_cameras
 
     sources, settings = _options(args)
-    if args.frames < 1:
-        raise ConfigError(f"--frames must be >= 1, got {args.frames}")
+    if args.frames < 1 or args.rounds < 1:
+        raise ConfigError(f"--frames and --rounds must be >= 1, got {args.frames}, {args.rounds}")
     cams = resolve_cameras(sources)
     detector = load_detector(
         settings.get("model", DEFAULT_MODEL), weights=settings.get("weights", "DEFAULT")
     )
-    result = bench(cams, detector, _pipeline_config(settings), frames_per_camera=args.frames)
+    result = bench(
+        cams,
+        detector,
+        _pipeline_config(settings),
+        frames_per_camera=args.frames,
+        rounds=args.rounds,
+    )
     print(
         f"model {detector.name}, input {detector.input.size[0]}x{detector.input.size[1]}, "
         f"{len(cams)} cameras"
@@ -362,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DrivePerceptError as exc:
         if args.debug:
             raise
-        print(f"drivepercept {args.command}: error: {exc}", file=sys.stderr)
+        print(f"drivepercept {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"drivepercept {args.command}: interrupted", file=sys.stderr)

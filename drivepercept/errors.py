@@ -13,3 +13,9 @@ class ConfigError(DrivePerceptError, ValueError):
 
 class OutputError(DrivePerceptError, OSError):
     """An output location cannot be created or written."""
+
+
+def one_line(text: str, *, limit: int = 300) -> str:
+    """Collapse whitespace and newlines, and cut to `limit` characters (for error lines)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

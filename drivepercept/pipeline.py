@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import cv2
 import numpy as np
 
 from drivepercept.batching import Batcher
@@ -25,7 +26,7 @@ from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig, PrepareSpec
 from drivepercept.engine.device import resolve_device
 from drivepercept.engine.engine import InferenceEngine
-from drivepercept.errors import DrivePerceptError
+from drivepercept.errors import DrivePerceptError, one_line
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
 from drivepercept.sinks.base import ImageSink, Sink
@@ -49,8 +50,9 @@ class CameraStats:
     name: str
     frames: int
     dropped: int
-    fps: float
+    fps: float  # frames over the camera's own span, first capture to last emission
     latency_ms: dict[str, float]  # p50 / p95 / p99 / max end-to-end
+    short_by: int = 0  # frames its container announced that could not be decoded
 
 
 @dataclass(frozen=True)
@@ -164,10 +166,11 @@ class Pipeline:
         self._frames = [0] * len(cameras)
         self._latency_ms: list[list[float]] = [[] for _ in cameras]
         self._batch_sizes: list[int] = []
-        self._first_capture_ns: int | None = None
-        self._last_emit_ns = 0
+        self._first_capture_ns: list[int | None] = [None] * len(cameras)
+        self._last_emit_ns = [0] * len(cameras)
+        self._sink_lock = threading.Lock()
+        self._sinks_closed = False
         self._started = False
-        self._closed = False
 
     # ------------------------------------------------------------------ wiring
 
@@ -178,30 +181,44 @@ class Pipeline:
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
             self._errors.append(exc)
-        log.error("pipeline stage failed: %s", exc)
+        # DEBUG: run() re-raises it and the CLI prints it once, as one line
+        log.debug("pipeline stage %s failed", threading.current_thread().name, exc_info=exc)
         self.stop_event.set()
 
     def _emit(self, results: list[FrameResult]) -> None:
-        """Completion thread: count, time and hand results to the sinks."""
+        """Completion thread: hand results to the sinks, then count and time them.
+
+        Sinks are written and closed under one lock: a completion thread that overran the
+        join budget must not write into a closed file; its late results are dropped, and not
+        counted, so the counts always match the files.
+        """
+        with self._sink_lock:
+            if self._sinks_closed:
+                return
+            for r in results:
+                for sink in self.sinks:
+                    if r.original_bgr is not None and isinstance(sink, ImageSink):
+                        sink.write_with_image(r, r.original_bgr)
+                    else:
+                        sink.write(r)
         with self._lock:
             self._batch_sizes.append(len(results))
             for r in results:
-                self._frames[r.camera_index] += 1
-                self._latency_ms[r.camera_index].append(r.timing.end_to_end_ms)
-                if self._first_capture_ns is None or r.timing.capture_ns < self._first_capture_ns:
-                    self._first_capture_ns = r.timing.capture_ns
-                self._last_emit_ns = max(self._last_emit_ns, r.timing.emitted_ns)
-        for r in results:
-            for sink in self.sinks:
-                if r.original_bgr is not None and isinstance(sink, ImageSink):
-                    sink.write_with_image(r, r.original_bgr)
-                else:
-                    sink.write(r)
+                i = r.camera_index
+                self._frames[i] += 1
+                self._latency_ms[i].append(r.timing.end_to_end_ms)
+                first = self._first_capture_ns[i]
+                if first is None or r.timing.capture_ns < first:
+                    self._first_capture_ns[i] = r.timing.capture_ns
+                self._last_emit_ns[i] = max(self._last_emit_ns[i], r.timing.emitted_ns)
 
     def start(self) -> None:
         if self._started:
             return
         self._started = True
+        # The decoder threads are the parallelism: OpenCV's own pool inside every resize would
+        # only make six decoders and torch fight over the cores.
+        cv2.setNumThreads(1)
         self.engine.start()
         self.batcher.start()
         for d in self.decoders:
@@ -253,7 +270,7 @@ class Pipeline:
             progress(self)
         if self._errors and not interrupted:
             first = self._errors[0]
-            raise PipelineError(f"{type(first).__name__}: {first}") from first
+            raise PipelineError(one_line(f"{type(first).__name__}: {first}")) from first
         return self.stats(
             elapsed_s=time.monotonic() - started, interrupted=interrupted, not_stopped=not_stopped
         )
@@ -277,9 +294,10 @@ class Pipeline:
         return tuple(not_stopped)
 
     def _close_sinks(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._sink_lock:
+            if self._sinks_closed:
+                return
+            self._sinks_closed = True
         for sink in self.sinks:
             try:
                 sink.close()
@@ -294,6 +312,19 @@ class Pipeline:
         else:
             self._close_sinks()
 
+    def expected_frames(self) -> int:
+        """Frames the run will process if every source holds what its container says (-1 if
+        a source's length is unknown, e.g. a stream)."""
+        total = 0
+        for d in self.decoders:
+            count = d.reader.info.frame_count
+            if d.max_frames:
+                count = min(count, d.max_frames) if count > 0 else d.max_frames
+            if count < 0:
+                return -1
+            total += count
+        return total
+
     def stats(
         self,
         *,
@@ -306,26 +337,28 @@ class Pipeline:
             frames = list(self._frames)
             lat = [list(v) for v in self._latency_ms]
             sizes = list(self._batch_sizes)
-            span_s = (
-                (self._last_emit_ns - self._first_capture_ns) / 1e9
-                if self._first_capture_ns is not None
-                else 0.0
-            )
+            spans = [
+                (last - first) / 1e9 if first is not None else 0.0
+                for first, last in zip(self._first_capture_ns, self._last_emit_ns, strict=True)
+            ]
+            firsts = [f for f in self._first_capture_ns if f is not None]
+            run_span_s = (max(self._last_emit_ns) - min(firsts)) / 1e9 if firsts else 0.0
         dropped = self.queues.dropped()
-        span_s = span_s if span_s > 0 else elapsed_s
+        run_span_s = run_span_s if run_span_s > 0 else elapsed_s
         cams = tuple(
             CameraStats(
                 name=name,
                 frames=frames[i],
                 dropped=dropped[i],
-                fps=frames[i] / span_s if span_s > 0 else 0.0,
+                fps=frames[i] / spans[i] if spans[i] > 0 else 0.0,
                 latency_ms=percentiles_ms(lat[i]),
+                short_by=self.decoders[i].short_by,
             )
             for i, name in enumerate(self.names)
         )
         return RunStats(
             cameras=cams,
-            elapsed_s=span_s,
+            elapsed_s=run_span_s,
             frames=sum(frames),
             batches=len(sizes),
             partial_batches=self.batcher.partial_batches,

@@ -25,7 +25,8 @@ import torchvision
 
 from drivepercept import __version__
 from drivepercept.config import MAX_CAMERAS, CameraConfig, PipelineConfig, load_rig
-from drivepercept.errors import ConfigError, OutputError
+from drivepercept.engine.device import resolve_device
+from drivepercept.errors import ConfigError, OutputError, one_line
 from drivepercept.models import load_detector
 from drivepercept.models.base import Detector
 from drivepercept.pipeline import Pipeline, RunStats
@@ -56,7 +57,11 @@ class ReplayResult:
     run_dir: Path
     stats: RunStats
     cameras: tuple[CameraConfig, ...]
-    expected_frames: tuple[int, ...]  # per camera, -1 when unknown
+
+    @property
+    def short_cameras(self) -> list[str]:
+        """Cameras whose video ended before the frame count its container announced."""
+        return [c.name for c in self.stats.cameras if c.short_by]
 
 
 def _safe_name(text: str) -> str:
@@ -157,6 +162,7 @@ def stats_summary(stats: RunStats) -> dict[str, Any]:
                 "frames": c.frames,
                 "dropped": c.dropped,
                 "fps": round(c.fps, 3),
+                "frames_missing_from_source": c.short_by,
                 "end_to_end_ms": {k: round(v, 3) for k, v in c.latency_ms.items()},
             }
             for c in stats.cameras
@@ -173,19 +179,32 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         raise OutputError(f"cannot write {path}: {exc.strerror}") from None
 
 
+def _close_all(readers: Sequence[FrameReader], sinks: Sequence[Sink]) -> None:
+    for r in readers:
+        r.close()
+    for sink in sinks:
+        sink.close()
+
+
 def run_replay(
     options: ReplayOptions,
     *,
     progress: Callable[[Pipeline], None] | None = None,
     detector: Detector | None = None,
 ) -> ReplayResult:
-    """Replay the sources through the detector; see the module docstring for the outputs."""
+    """Replay the sources through the detector; see the module docstring for the outputs.
+
+    Everything that can fail on bad input (sources, device, model, weights) is checked before
+    the run folder is made, so a failed start leaves no half-made run behind.
+    """
     cams = resolve_cameras(options.sources)
+    resolve_device(options.pipeline.device)
     readers = open_readers(cams)  # bad sources fail before the (slower) model load
+    sinks: list[Sink] = []
     try:
         det = detector or load_detector(options.model, weights=options.weights)
         run_dir = make_run_dir(options.out_root, options.name)
-        sinks: list[Sink] = [
+        sinks += [
             DetectionsJsonlSink(run_dir / "detections.jsonl"),
             FrameTimingCsvSink(run_dir / "frames.csv"),
         ]
@@ -196,9 +215,15 @@ def run_replay(
                     run_dir / "video", fps=fps, mosaic=options.mosaic, cameras=len(cams)
                 )
             )
+        pipeline = Pipeline(
+            cameras=[(c.name, r) for c, r in zip(cams, readers, strict=True)],
+            detector=det,
+            config=options.pipeline,
+            sinks=sinks,
+            keep_original=options.save_video,
+        )
     except BaseException:
-        for r in readers:
-            r.close()
+        _close_all(readers, sinks)
         raise
     sources = [
         {
@@ -211,19 +236,6 @@ def run_replay(
         }
         for c, r in zip(cams, readers, strict=True)
     ]
-    expected = tuple(
-        min(r.info.frame_count, options.pipeline.max_frames)
-        if options.pipeline.max_frames and r.info.frame_count > 0
-        else r.info.frame_count
-        for r in readers
-    )
-    pipeline = Pipeline(
-        cameras=[(c.name, r) for c, r in zip(cams, readers, strict=True)],
-        detector=det,
-        config=options.pipeline,
-        sinks=sinks,
-        keep_original=options.save_video,
-    )
     record: dict[str, Any] = {
         "schema_version": RUN_SCHEMA_VERSION,
         "command": "replay",
@@ -241,17 +253,17 @@ def run_replay(
         "environment": environment(str(pipeline.device)),
         "status": "running",
     }
-    _write_json(run_dir / "run.json", record)
     try:
+        _write_json(run_dir / "run.json", record)
         stats = pipeline.run(progress=progress)
     except BaseException as exc:
         pipeline.close()
         record["status"] = "failed"
-        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["error"] = one_line(f"{type(exc).__name__}: {exc}")
         record["summary"] = stats_summary(pipeline.stats())
         _write_json(run_dir / "run.json", record)
         raise
     record["status"] = "interrupted" if stats.interrupted else "complete"
     record["summary"] = stats_summary(stats)
     _write_json(run_dir / "run.json", record)
-    return ReplayResult(run_dir=run_dir, stats=stats, cameras=cams, expected_frames=expected)
+    return ReplayResult(run_dir=run_dir, stats=stats, cameras=cams)

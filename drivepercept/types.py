@@ -232,6 +232,8 @@ class FrameTiming:
     inference_done_ns: int
     postprocessed_ns: int
     emitted_ns: int
+    copy_start_ns: int = 0  # when the batch's upload began (device span start)
+    compute_start_ns: int = 0  # when the device began computing the batch
 
     @property
     def end_to_end_ms(self) -> float:

@@ -165,33 +165,48 @@ def test_ring_is_pinned_on_cuda() -> None:
 @pytest.mark.cuda
 @needs_cuda
 def test_staging_slots_are_never_overwritten_while_in_flight_cuda() -> None:
-    # few slots, many fast frames: a slot reused before its upload finished would corrupt
-    results = _run_mean(
-        PipelineConfig(device="cuda", ring_slots=3, max_in_flight=2, score_threshold=0.0),
-        frames=300,
-        work=20,
-    )
-    assert len(results) == 1200
-    _assert_each_frame_saw_its_own_pixels(results)
+    # few slots and large frames (6 MB a batch row): a slot refilled before its upload
+    # finished would hand the model another frame's pixels
+    sink = Collect()
+    cams = [(f"c{i}", FakeReader(size=(1920, 1080), frames=150)) for i in range(4)]
+    config = PipelineConfig(device="cuda", ring_slots=3, max_in_flight=2, score_threshold=0.0)
+    with Pipeline(
+        cameras=cams,
+        detector=_mean_detector(size=(1920, 1080), work=5),
+        config=config,
+        sinks=[sink],
+    ) as p:
+        p.run()
+    assert len(sink.results) == 600
+    _assert_each_frame_saw_its_own_pixels(sink.results)
 
 
 @pytest.mark.cuda
 @needs_cuda
 def test_copy_of_next_batch_overlaps_compute_of_current() -> None:
-    results = _run_mean(
-        PipelineConfig(device="cuda", score_threshold=0.0), frames=80, cameras=6, work=200
-    )
+    # given big uploads (6 x 1080p) and a model that keeps the device busy for a while
+    sink = Collect()
+    cams = [(f"c{i}", FakeReader(size=(1920, 1080), frames=40)) for i in range(6)]
+    with Pipeline(
+        cameras=cams,
+        detector=_mean_detector(size=(1920, 1080), work=60),
+        config=PipelineConfig(device="cuda", score_threshold=0.0),
+        sinks=[sink],
+    ) as p:
+        p.run()
     by_batch: dict[int, FrameResult] = {}
-    for r in results:
+    for r in sink.results:
         by_batch.setdefault(r.batch_index, r)
     ordered = [by_batch[i] for i in sorted(by_batch)]
+    # then for many consecutive batches the upload span of n+1 intersects the compute span
+    # of n (both from CUDA events): the copy engine and the SMs worked at the same time
     overlapped = sum(
         1
         for cur, nxt in itertools.pairwise(ordered)
-        if nxt.timing.copy_done_ns < cur.timing.inference_done_ns
+        if nxt.timing.copy_start_ns < cur.timing.inference_done_ns
+        and cur.timing.compute_start_ns < nxt.timing.copy_done_ns
     )
-    # the upload of batch n+1 finished before the model finished batch n, for most batches
-    assert overlapped >= len(ordered) // 2, (overlapped, len(ordered))
+    assert overlapped >= len(ordered) // 3, (overlapped, len(ordered))
 
 
 @pytest.mark.cuda

@@ -8,9 +8,11 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import torch
 from fakereaders import FakeReader
 
 from drivepercept.config import PipelineConfig
+from drivepercept.models.base import Detector, InputSpec
 from drivepercept.models.oracle import make_oracle
 from drivepercept.pipeline import JOIN_TIMEOUT_S, Pipeline, PipelineError
 from drivepercept.types import FrameResult
@@ -228,3 +230,54 @@ def test_drop_oldest_keeps_queues_bounded_and_counts_drops() -> None:
     # the newest frame wins: processed frame indices only increase
     idx = [r.frame_index for r in sink.results]
     assert idx == sorted(idx) and idx[-1] == 299
+
+
+def test_a_lone_batch_is_not_held_back_waiting_for_the_next() -> None:
+    # given one camera paced at 10 fps: each batch is alone in the engine's inbox
+    sink = Collect()
+    with Pipeline(
+        cameras=[("paced", FakeReader(frames=12, pace_s=0.1))],
+        detector=make_oracle(size=(64, 64)),
+        config=_cpu(),
+        sinks=[sink],
+    ) as p:
+        p.run()
+    waits_ms = sorted((r.timing.emitted_ns - r.timing.batched_ns) / 1e6 for r in sink.results)
+    # then it is computed at once, not a frame period (100 ms) later when the next one comes
+    assert waits_ms[len(waits_ms) // 2] < 50.0, waits_ms
+
+
+def test_results_after_the_join_budget_are_dropped_not_written_to_closed_sinks() -> None:
+    # given a model so slow that the engine overruns the shutdown budget
+    class Slow(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+            time.sleep(JOIN_TIMEOUT_S + 1.0)
+            return [
+                {
+                    "boxes": torch.zeros((0, 4)),
+                    "scores": torch.zeros(0),
+                    "labels": torch.zeros(0, dtype=torch.long),
+                }
+                for _ in range(len(x))
+            ]
+
+    detector = Detector("slow", Slow(), InputSpec((64, 64)), ("a",))
+    sink = Collect()
+    calls = {"n": 0}
+
+    def interrupt(p: Pipeline) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+
+    p = Pipeline(
+        cameras=[("c", FakeReader(frames=5))], detector=detector, config=_cpu(), sinks=[sink]
+    )
+    stats = p.run(progress=interrupt, progress_interval_s=0.1)
+    # then the run reports the thread that did not stop, and what it emitted late is neither
+    # written nor counted
+    assert stats.interrupted and "engine" in stats.threads_not_stopped
+    for t in p.threads:
+        t.join(timeout=10)
+    assert sink.closed
+    assert len(sink.results) == sum(p.frames_done())

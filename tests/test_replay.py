@@ -267,29 +267,93 @@ def _truncated_avi(path: Path, frames: int, keep: float) -> int:
 
 
 def test_truncated_video_in_a_rig_yields_everything_decodable(tmp_path: Path) -> None:
+    # given a rig of a truncated AVI and an intact video
     cut = tmp_path / "cut.avi"
     decodable = _truncated_avi(cut, 40, 0.5)
     assert 0 < decodable < 40
-    code = main(
-        [
-            "replay",
-            str(cut),
-            str(SAMPLE_RIG.parent / "back.mp4"),
-            "--model",
-            ORACLE,
-            "--weights",
-            "none",
-            "--out",
-            str(tmp_path),
-            "--name",
-            "t",
-            "--no-progress",
-        ]
+    proc = _run(
+        "replay",
+        str(cut),
+        str(SAMPLE_RIG.parent / "back.mp4"),
+        "--model",
+        ORACLE,
+        "--weights",
+        "none",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "t",
+        "--no-progress",
     )
-    assert code == 0
+    # then every decodable frame of both is processed, and the run says, in one line, that a
+    # video ended early (non-zero exit)
+    assert proc.returncode == 1
+    assert "ended early" in proc.stderr and "cut" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     per_cam = _per_camera(_lines(tmp_path / "t"))
     assert sorted(per_cam["cut"]) == list(range(decodable))
     assert sorted(per_cam["back"]) == list(range(120))
+    record = json.loads((tmp_path / "t" / "run.json").read_text())
+    assert record["summary"]["cameras"]["cut"]["frames_missing_from_source"] == 40 - decodable
+
+
+def test_worker_failure_is_one_line(tmp_path: Path) -> None:
+    plugin = tmp_path / "broken_plugin.py"
+    plugin.write_text(
+        "import torch\n"
+        "from drivepercept.models.base import Detector, InputSpec\n"
+        "class Broken(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        raise RuntimeError('first line\\nsecond line\\nthird line')\n"
+        "def make(weights):\n"
+        "    return Detector('broken', Broken(), InputSpec((64, 64)), ('a',))\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "drivepercept",
+            "replay",
+            str(SAMPLE_RIG),
+            "--model",
+            "broken_plugin:make",
+            "--weights",
+            "none",
+            "--out",
+            str(tmp_path / "runs"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert proc.returncode == 1
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "first line second line" in proc.stderr
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1
+    assert json.loads((runs[0] / "run.json").read_text())["status"] == "failed"
+
+
+def test_cuda_on_a_machine_without_it_leaves_no_run_folder(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = _run(
+        "replay",
+        str(SAMPLE_RIG),
+        "--device",
+        "cuda",
+        "--weights",
+        "none",
+        "--out",
+        str(tmp_path / "runs"),
+        "--no-progress",
+    )
+    assert proc.returncode == 1 and "CUDA is not available" in proc.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 RIG = str(SAMPLE_RIG)
@@ -323,6 +387,7 @@ RIG = str(SAMPLE_RIG)
         (None, [RIG, "--max-frames", "-2"], "max_frames"),
         ("bad_config", [RIG, "--config", "{tmp}/bad.toml"], "unknown keys"),
         (None, [], "SOURCE"),
+        ("cut", ["{tmp}/cut.avi"], "ended early"),
     ],
 )
 def test_bad_replay_input_is_one_clear_line(
@@ -337,6 +402,8 @@ def test_bad_replay_input_is_one_clear_line(
 
         model = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
         torch.save(model.state_dict(), tmp_path / "other.pth")
+    elif make == "cut":
+        _truncated_avi(tmp_path / "cut.avi", 40, 0.5)
     elif make == "bad_config":
         (tmp_path / "bad.toml").write_text("scor_threshold = 0.5\n")
     argv = [a.format(tmp=tmp_path) for a in args]

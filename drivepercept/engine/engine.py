@@ -64,11 +64,16 @@ class _InFlight:
     host_counts: torch.Tensor
     done: torch.cuda.Event | None = None
     inferred: torch.cuda.Event | None = None
+    compute_started: torch.cuda.Event | None = None
     times_ns: dict[str, int] = field(default_factory=dict)
 
 
 def _new_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+
+
+def _new_event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
 
 class InferenceEngine:
@@ -109,6 +114,13 @@ class InferenceEngine:
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
+        spec = detector.input
+        # Normalisation constants go to the device once (none at all when they are 0 and 1).
+        self._mean: tuple[float, ...] | torch.Tensor = spec.mean
+        self._std: tuple[float, ...] | torch.Tensor = spec.std
+        if any(v != 0.0 for v in spec.mean) or any(v != 1.0 for v in spec.std):
+            self._mean = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1)
+            self._std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
         self.keep = keep_table(detector.keep_labels, len(detector.class_names), device)
         # Output buffers: one per batch that can be in flight, +2 for the ones being
         # submitted and completed. Pinned on CUDA so the device-to-host copy is asynchronous.
@@ -160,8 +172,8 @@ class InferenceEngine:
         rows = self.ring.tensors[batch.slot][: batch.size]
         if not self.cuda:
             return _Staged(batch, rows, time.monotonic_ns(), copy_done_ns=time.monotonic_ns())
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        copied = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start = _new_event()
+        copied = _new_event()
         with self._stream(self._copy_stream):
             start.record()
             submit_ns = time.monotonic_ns()
@@ -175,7 +187,6 @@ class InferenceEngine:
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def _compute(self, staged: _Staged, out_index: int) -> _InFlight:
-        spec = self.detector.input
         cfg = self.config
         host_out, host_counts = self._out[out_index], self._counts[out_index]
         flight = _InFlight(staged, host_out, host_counts)
@@ -185,8 +196,12 @@ class InferenceEngine:
                 self._compute_stream.wait_event(staged.copied)
                 # the upload was allocated on the copy stream and is used on this one
                 staged.device_u8.record_stream(self._compute_stream)
+                flight.compute_started = _new_event()
+                flight.compute_started.record()
+            else:
+                flight.times_ns["compute_start"] = time.monotonic_ns()
             x = to_model_input(
-                staged.device_u8, mean=spec.mean, std=spec.std, channels_last=cfg.channels_last
+                staged.device_u8, mean=self._mean, std=self._std, channels_last=cfg.channels_last
             )
             if not self.cuda:
                 # the float copy is taken: the staging slot can be refilled right away
@@ -194,7 +209,7 @@ class InferenceEngine:
             with self._autocast():
                 outputs = self.model(x)
             if self.cuda:
-                flight.inferred = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                flight.inferred = _new_event()
                 flight.inferred.record()
             else:
                 flight.times_ns["inference_done"] = time.monotonic_ns()
@@ -209,7 +224,7 @@ class InferenceEngine:
             host_out[:n].copy_(packed, non_blocking=self.cuda)
             host_counts[:n].copy_(counts, non_blocking=self.cuda)
             if self.cuda:
-                flight.done = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                flight.done = _new_event()
                 flight.done.record()
             else:
                 flight.times_ns["postprocessed"] = time.monotonic_ns()
@@ -237,6 +252,12 @@ class InferenceEngine:
                     self._hand_on(self._compute(pending, count % len(self._out)))
                     count += 1
                 pending = staged
+                if self.inbox.empty():
+                    # nothing to overlap with: waiting for the next batch would only add a
+                    # frame period to this one's latency, so run it now
+                    self._hand_on(self._compute(pending, count % len(self._out)))
+                    count += 1
+                    pending = None
                 if self.stop.is_set():
                     break
             if pending is not None and not self.stop.is_set():
@@ -268,14 +289,17 @@ class InferenceEngine:
         if self.cuda:
             assert flight.done is not None and staged.start is not None
             assert staged.copied is not None and flight.inferred is not None
+            assert flight.compute_started is not None
+            staged.copied.synchronize()
+            self.ring.release(batch.slot)  # the upload is done: the slot may be refilled
             flight.done.synchronize()
-            self.ring.release(batch.slot)  # its copy finished long before `done`
 
             def at(event: torch.cuda.Event) -> int:
                 assert staged.start is not None
                 return staged.submit_ns + int(staged.start.elapsed_time(event) * 1e6)
 
             copy_done = at(staged.copied)
+            times["compute_start"] = at(flight.compute_started)
             times["inference_done"] = at(flight.inferred)
             times["postprocessed"] = at(flight.done)
         else:
@@ -303,6 +327,8 @@ class InferenceEngine:
                 inference_done_ns=times["inference_done"],
                 postprocessed_ns=times["postprocessed"],
                 emitted_ns=emitted,
+                copy_start_ns=staged.submit_ns,
+                compute_start_ns=times["compute_start"],
             )
             results.append(
                 FrameResult(

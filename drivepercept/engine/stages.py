@@ -17,16 +17,22 @@ from torchvision.ops import batched_nms
 def to_model_input(
     batch_u8: torch.Tensor,
     *,
-    mean: Sequence[float],
-    std: Sequence[float],
+    mean: Sequence[float] | torch.Tensor,
+    std: Sequence[float] | torch.Tensor,
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
 ) -> torch.Tensor:
-    """(B, H, W, 3) uint8 RGB -> (B, 3, H, W) float, `(x / 255 - mean) / std`."""
+    """(B, H, W, 3) uint8 RGB -> (B, 3, H, W) float, `(x / 255 - mean) / std`.
+
+    `mean` and `std` may be given as (1, 3, 1, 1) tensors already on the device (the engine
+    makes them once) so that no per-batch host-to-device copy is needed.
+    """
     x = batch_u8.permute(0, 3, 1, 2).to(dtype).div_(255.0)
-    if any(m != 0.0 for m in mean) or any(s != 1.0 for s in std):
-        m = torch.tensor(mean, dtype=dtype, device=x.device).view(1, 3, 1, 1)
-        s = torch.tensor(std, dtype=dtype, device=x.device).view(1, 3, 1, 1)
+    given_tensors = isinstance(mean, torch.Tensor) or isinstance(std, torch.Tensor)
+    # decided on the host: comparing device tensors here would synchronise every batch
+    if given_tensors or any(v != 0.0 for v in mean) or any(v != 1.0 for v in std):
+        m = torch.as_tensor(mean, dtype=dtype, device=x.device).view(1, 3, 1, 1)
+        s = torch.as_tensor(std, dtype=dtype, device=x.device).view(1, 3, 1, 1)
         x = x.sub_(m).div_(s)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     return x.contiguous(memory_format=memory_format)

@@ -121,9 +121,14 @@ def build(name: str, weights: str | None) -> Detector:
 
 
 def _set_postprocess(module: torch.nn.Module, score: float, iou: float, k: int) -> None:
-    """Two-stage detectors keep these on their ROI heads, one-stage ones on themselves."""
+    """Two-stage detectors keep these on their ROI heads, one-stage ones on themselves.
+
+    The box limit `k` stays the model's own: it applies over all 91 COCO classes before the
+    engine's driving-class filter, so lowering it would drop driving boxes on busy frames.
+    """
+    del k
     target = getattr(module, "roi_heads", module)
-    for attr, value in (("score_thresh", score), ("nms_thresh", iou), ("detections_per_img", k)):
+    for attr, value in (("score_thresh", score), ("nms_thresh", iou)):
         if not hasattr(target, attr):
             raise AttributeError(f"{type(module).__name__} has no {attr} to configure")
         setattr(target, attr, value)

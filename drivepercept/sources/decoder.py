@@ -49,6 +49,7 @@ class DecoderThread:
         self.keep_original = keep_original
         self.on_error = on_error
         self.frames_read = 0
+        self.short_by = 0  # frames announced by the container but not decodable
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"decode-{camera}", daemon=True)
 
@@ -66,7 +67,8 @@ class DecoderThread:
                     expected = self.reader.info.frame_count
                     # frame counts in containers are estimates: one frame short is normal
                     if expected > 0 and expected - self.frames_read > 1 and not self.max_frames:
-                        log.warning(
+                        self.short_by = expected - self.frames_read
+                        log.info(
                             "camera %s ended after %d of %d frames (truncated file?)",
                             self.camera,
                             self.frames_read,
