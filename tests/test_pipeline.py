@@ -91,9 +91,17 @@ def test_boxes_come_back_in_original_pixels(
         assert r.detections.xyxy.shape == (1, 4)
         np.testing.assert_allclose(r.detections.xyxy[0], original, atol=1.0)
         assert r.detections.names == ["person"]
-    # and the second camera (portrait) maps the same input box into its own frame
+    # and the second camera (the frame turned on its side) maps the same input box through
+    # its own letterbox, computed by hand the same way
+    scale_b = min(iw / fh, ih / fw)
+    nw_b, nh_b = round(fh * scale_b), round(fw * scale_b)
+    off_b = np.array([(iw - nw_b) // 2, (ih - nh_b) // 2] * 2)
+    expected_b = (in_input - off_b) / np.array([nw_b / fh, nh_b / fw] * 2)
+    expected_b = np.clip(expected_b, 0, [fh, fw, fh, fw])
     b = [r for r in sink.results if r.camera == "b"]
-    assert all(0 <= r.detections.xyxy[0, 2] <= fh for r in b)
+    assert len(b) == 3
+    for r in b:
+        np.testing.assert_allclose(r.detections.xyxy[0], expected_b, atol=1.0)
 
 
 def test_every_frame_of_every_camera_once_in_order() -> None:

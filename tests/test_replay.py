@@ -7,7 +7,9 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
@@ -21,6 +23,16 @@ SAMPLE_RIG = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
 ORACLE = "drivepercept.models.oracle:make_oracle"
 
 pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(autouse=True)
+def no_threads_left() -> Iterator[None]:
+    """In-process replays must stop and join every pipeline thread."""
+    yield
+    left = [
+        t.name for t in threading.enumerate() if t.name.startswith(("decode-", "batcher", "engine"))
+    ]
+    assert left == []
 
 
 def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -194,6 +206,57 @@ def test_boxes_of_an_oracle_plugin_land_inside_each_original_frame(
         w, h = size[str(line["camera"])]
         for x0, y0, x1, y1 in line["boxes"]:  # type: ignore[attr-defined]
             assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h
+
+
+def test_rig_flag_and_bench_on_the_oracle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "replay",
+                "--rig",
+                str(SAMPLE_RIG),
+                "--model",
+                ORACLE,
+                "--weights",
+                "none",
+                "--max-frames",
+                "2",
+                "--out",
+                str(tmp_path),
+                "--name",
+                "g",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert len(_lines(tmp_path / "g")) == 12
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "bench",
+                str(SAMPLE_RIG),
+                "--model",
+                ORACLE,
+                "--weights",
+                "none",
+                "--frames",
+                "3",
+                "--rounds",
+                "1",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    for mode in ("model-only", "pipeline", "naive"):
+        line = next(x for x in out.splitlines() if x.startswith(mode))
+        frames, seconds, fps = line.split()[1:4]
+        assert int(frames) == 18 and float(seconds) > 0 and float(fps) > 0
+    assert "pipeline / model-only:" in out and "pipeline / naive:" in out
 
 
 def test_config_file_and_flags(tmp_path: Path) -> None:
