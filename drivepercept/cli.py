@@ -67,6 +67,17 @@ one rig, in the order given. The run folder (runs/<name>/) gets detections.jsonl
 TOML file takes the same keys as the flags (with underscores); flags override it.
 """
 
+_EVAL_EPILOG = """\
+examples:
+  drivepercept simulate --out /tmp/heldout --seed 9001 --seconds 4
+  drivepercept eval /tmp/heldout --model ssdlite320_mobilenet_v3_large --weights DEFAULT
+
+Ground truth less visible than --min-visibility or lower than --min-height-px pixels is an
+"ignore" region: detecting it is not rewarded, missing it is not punished. Writes eval.json
+into the run folder next to the replay outputs and prints mAP@[.5:.95], mAP@.5, per-class
+and per-camera AP and recall.
+"""
+
 _BENCH_EPILOG = """\
 examples:
   drivepercept bench sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
@@ -171,6 +182,37 @@ def _build_parser() -> _Parser:
     )
     rep.add_argument("--no-progress", action="store_true", help="no progress bar")
     rep.set_defaults(handler=_cmd_replay)
+
+    ev = sub.add_parser(
+        "eval",
+        help="COCO mAP of a model on a clip with ground truth",
+        description="Run the replay pipeline over a clip with ground_truth.json and score it "
+        "with COCO metrics (pycocotools).",
+        epilog=_EVAL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_args(ev)
+    ev.add_argument(
+        "--ground-truth",
+        type=Path,
+        help="COCO ground truth (default: ground_truth.json beside the rig)",
+    )
+    ev.add_argument(
+        "--min-visibility",
+        type=float,
+        default=0.3,
+        help="ground truth less visible than this is ignored (default 0.3)",
+    )
+    ev.add_argument(
+        "--min-height-px",
+        type=float,
+        default=12.0,
+        help="ground truth lower than this is ignored (default 12)",
+    )
+    ev.add_argument("--out", type=Path, help="folder for run folders (default runs/)")
+    ev.add_argument("--name", help="run folder name (default eval-<date>-<time>)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.set_defaults(handler=_cmd_eval, save_video=None, mosaic=None)
 
     ben = sub.add_parser(
         "bench",
@@ -337,6 +379,60 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+    return EXIT_OK
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from drivepercept.eval import (
+        EvalThresholds,
+        clip_paths,
+        evaluate,
+        load_ground_truth,
+        read_detections,
+        write_report,
+    )
+    from drivepercept.replay import ReplayOptions, resolve_cameras, run_replay
+
+    thresholds = EvalThresholds(
+        min_visibility=args.min_visibility, min_height_px=args.min_height_px
+    )
+    if len(args.sources or []) + bool(args.rig) != 1:
+        raise ConfigError("eval takes exactly one clip (a folder or its rig.toml)")
+    rig, gt_path = clip_paths(args.rig or args.sources[0], args.ground_truth)
+    args.sources, args.rig = [str(rig)], None
+    sources, settings = _options(args)
+    cams = resolve_cameras(sources)
+    ground_truth = load_ground_truth(gt_path, cameras=[c.name for c in cams])
+    options = ReplayOptions(
+        sources=sources,
+        model=settings.get("model", DEFAULT_MODEL),
+        weights=settings.get("weights", "DEFAULT"),
+        pipeline=_pipeline_config(settings),
+        out_root=Path(settings.get("out", "runs")),
+        name=settings.get("name") or time.strftime("eval-%Y%m%d-%H%M%S"),
+    )
+    bar = _Progress(enabled=not args.no_progress and sys.stderr.isatty())
+    result = run_replay(options, progress=bar)
+    bar.finish()
+    if result.stats.interrupted:
+        print("interrupted: no evaluation", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    report = evaluate(
+        ground_truth, read_detections(result.run_dir / "detections.jsonl"), thresholds=thresholds
+    )
+    write_report(
+        report,
+        result.run_dir / "eval.json",
+        extra={
+            "model": options.model,
+            "weights": options.weights,
+            "clip": str(rig),
+            "ground_truth": str(gt_path),
+            "run_dir": str(result.run_dir),
+        },
+    )
+    print(report.table())
+    print(f"run folder: {result.run_dir}")
     return EXIT_OK
 
 

@@ -1,0 +1,296 @@
+"""`drivepercept eval`: detection accuracy against a clip's ground truth, with COCO metrics.
+
+The detections come from the replay pipeline (the same code path as `replay`); the metrics
+from pycocotools' COCOeval, the reference implementation. Objects too hidden or too small to
+be fair targets (visibility or box height below the thresholds) become COCO "crowd" regions:
+a detection on one is neither a hit nor a false positive, and missing one costs nothing.
+
+Classes are matched by name: a model's class names are lower-cased, spaces become
+underscores, and COCO names are mapped onto the synthetic rig's (person -> pedestrian,
+bicycle -> cyclist, traffic light -> traffic_light, stop sign -> traffic_sign). Detections of
+classes the ground truth does not have are left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drivepercept.errors import ConfigError
+
+GROUND_TRUTH_FILE = "ground_truth.json"
+EVAL_SCHEMA_VERSION = 1
+
+CLASS_ALIASES: Mapping[str, str] = {
+    "person": "pedestrian",
+    "bicycle": "cyclist",
+    "traffic_light": "traffic_light",
+    "stop_sign": "traffic_sign",
+}
+
+
+def canonical_class(name: str) -> str:
+    """A model's class name as the ground truth spells it."""
+    key = name.strip().lower().replace(" ", "_")
+    return CLASS_ALIASES.get(key, key)
+
+
+@dataclass(frozen=True)
+class EvalThresholds:
+    """Ground truth below either threshold is an ignore region, not a target."""
+
+    min_visibility: float = 0.3
+    min_height_px: float = 12.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_visibility <= 1.0:
+            raise ConfigError(f"min_visibility must be in [0, 1], got {self.min_visibility}")
+        if not (math.isfinite(self.min_height_px) and self.min_height_px >= 0):
+            raise ConfigError(f"min_height_px must be >= 0, got {self.min_height_px}")
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """COCO metrics of one evaluation (APs in [0, 1]; -1 where nothing could be scored)."""
+
+    map_50_95: float
+    map_50: float
+    recall: float  # AR@100 over IoU .5:.95
+    per_class: dict[str, dict[str, float]]
+    per_camera: dict[str, dict[str, float]]
+    images: int
+    targets: int  # ground-truth boxes scored
+    ignored: int  # ground-truth boxes turned into ignore regions
+    detections: int
+    thresholds: EvalThresholds = field(default_factory=EvalThresholds)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["schema_version"] = EVAL_SCHEMA_VERSION
+        return data
+
+    def table(self) -> str:
+        rows = [
+            f"{'':<16} {'mAP@.5:.95':>10} {'mAP@.5':>8}",
+            f"{'all':<16} {self.map_50_95:>10.3f} {self.map_50:>8.3f}",
+        ]
+        for name, ap in self.per_class.items():
+            rows.append(f"{name:<16} {ap['ap_50_95']:>10.3f} {ap['ap_50']:>8.3f}")
+        for name, ap in self.per_camera.items():
+            rows.append(f"{'cam ' + name:<16} {ap['ap_50_95']:>10.3f} {ap['ap_50']:>8.3f}")
+        rows.append(
+            f"recall (AR@100) {self.recall:.3f}; {self.targets} targets, "
+            f"{self.ignored} ignored, {self.detections} detections, "
+            f"{self.images} images"
+        )
+        return "\n".join(rows)
+
+
+def load_ground_truth(path: str | Path, *, cameras: Sequence[str] | None = None) -> dict[str, Any]:
+    """Read and check a COCO ground-truth file in the `simulate` format.
+
+    Raises:
+        ConfigError: missing, not JSON, missing COCO sections, or lacking a rig camera.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no ground truth at {path}: eval needs a clip with "
+            f"{GROUND_TRUTH_FILE} (as `drivepercept simulate` writes)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read ground truth {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"ground truth {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(k), list) for k in ("images", "annotations", "categories")
+    ):
+        raise ConfigError(f"ground truth {path} lacks COCO images/annotations/categories lists")
+    try:
+        gt_cameras = {str(im["camera"]) for im in data["images"]}
+        for im in data["images"]:
+            _require_ints(im, "id", "frame_index")
+        for ann in data["annotations"]:
+            _require_ints(ann, "image_id", "category_id")
+            if len(ann["bbox"]) != 4:
+                raise ValueError(f"bbox of annotation {ann.get('id')} is not [x, y, w, h]")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"ground truth {path} is malformed ({type(exc).__name__}: {exc}); "
+            "each image needs id, camera, frame_index"
+        ) from None
+    if cameras is not None:
+        missing = [c for c in cameras if c not in gt_cameras]
+        if missing:
+            raise ConfigError(
+                f"ground truth {path} has no camera {', '.join(missing)}; it has: "
+                f"{', '.join(sorted(gt_cameras)) or 'none'}"
+            )
+    return dict(data)
+
+
+def _require_ints(item: Mapping[str, Any], *keys: str) -> None:
+    for key in keys:
+        if isinstance(item[key], bool) or not isinstance(item[key], int):
+            raise ValueError(f"{key} must be an integer, got {item[key]!r}")
+
+
+def evaluate(
+    ground_truth: Mapping[str, Any],
+    frames: Iterable[Mapping[str, Any]],
+    *,
+    thresholds: EvalThresholds | None = None,
+) -> EvalReport:
+    """Score detections against ground truth with COCOeval.
+
+    Args:
+        ground_truth: a COCO dict as `load_ground_truth` returns.
+        frames: one mapping per camera frame with camera, frame_index, boxes (xyxy, original
+            pixels), scores and class_names (the format of detections.jsonl lines).
+        thresholds: which ground truth is a target and which an ignore region.
+    """
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    th = thresholds or EvalThresholds()
+    frames = list(frames)
+    scored_keys = {(str(f["camera"]), int(f["frame_index"])) for f in frames}
+    images = [
+        im
+        for im in ground_truth["images"]
+        if (str(im["camera"]), int(im["frame_index"])) in scored_keys
+    ]
+    image_ids = {(str(im["camera"]), int(im["frame_index"])): int(im["id"]) for im in images}
+    cat_ids = {str(c["name"]): int(c["id"]) for c in ground_truth["categories"]}
+    wanted = set(image_ids.values())
+    annotations = []
+    ignored = 0
+    for ann in ground_truth["annotations"]:
+        if int(ann["image_id"]) not in wanted:
+            continue
+        a = dict(ann)
+        small = float(a["bbox"][3]) < th.min_height_px
+        hidden = float(a.get("visibility", 1.0)) < th.min_visibility
+        a["iscrowd"] = 1 if (small or hidden) else 0
+        a.setdefault("area", float(a["bbox"][2]) * float(a["bbox"][3]))
+        ignored += a["iscrowd"]
+        annotations.append(a)
+    results = []
+    for f in frames:
+        img = image_ids.get((str(f["camera"]), int(f["frame_index"])))
+        if img is None:
+            continue
+        for box, score, name in zip(f["boxes"], f["scores"], f["class_names"], strict=True):
+            cat = cat_ids.get(canonical_class(str(name)))
+            if cat is None:
+                continue
+            x0, y0, x1, y1 = (float(v) for v in box)
+            results.append(
+                {
+                    "image_id": img,
+                    "category_id": cat,
+                    "score": float(score),
+                    "bbox": [x0, y0, x1 - x0, y1 - y0],
+                }
+            )
+
+    gt_dict = {
+        "images": copy.deepcopy(images),
+        "annotations": annotations,
+        "categories": copy.deepcopy(list(ground_truth["categories"])),
+    }
+
+    def run(img_ids: list[int], cat: list[int] | None = None) -> COCOeval | None:
+        if not img_ids:
+            return None
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+            gt = COCO()
+            gt.dataset = copy.deepcopy(gt_dict)
+            gt.createIndex()
+            dt = gt.loadRes(copy.deepcopy(results)) if results else None
+            if dt is None:
+                return None
+            ev = COCOeval(gt, dt, iouType="bbox")
+            ev.params.imgIds = img_ids
+            if cat is not None:
+                ev.params.catIds = cat
+            ev.evaluate()
+            ev.accumulate()
+            ev.summarize()
+        return ev
+
+    all_ids = sorted(wanted)
+    main = run(all_ids)
+    report_stats = main.stats if main is not None else np.full(12, 0.0)
+    per_class: dict[str, dict[str, float]] = {}
+    if main is not None:
+        precision = main.eval["precision"]  # [T, R, K, A, M]
+        for k, cat in enumerate(main.params.catIds):
+            name = next(n for n, i in cat_ids.items() if i == cat)
+            p = precision[:, :, k, 0, -1]
+            if (p > -1).any():
+                per_class[name] = {
+                    "ap_50_95": float(np.mean(p[p > -1])),
+                    "ap_50": _mean_valid(precision[0, :, k, 0, -1]),
+                }
+    per_camera: dict[str, dict[str, float]] = {}
+    for cam in sorted({c for c, _ in image_ids}):
+        ids = sorted(i for (c, _), i in image_ids.items() if c == cam)
+        ev = run(ids)
+        stats = ev.stats if ev is not None else np.full(12, 0.0)
+        per_camera[cam] = {
+            "ap_50_95": max(float(stats[0]), 0.0),
+            "ap_50": max(float(stats[1]), 0.0),
+        }
+    return EvalReport(
+        map_50_95=max(float(report_stats[0]), 0.0),
+        map_50=max(float(report_stats[1]), 0.0),
+        recall=max(float(report_stats[8]), 0.0),
+        per_class=per_class,
+        per_camera=per_camera,
+        images=len(images),
+        targets=len(annotations) - ignored,
+        ignored=ignored,
+        detections=len(results),
+        thresholds=th,
+    )
+
+
+def _mean_valid(values: np.ndarray[Any, Any]) -> float:
+    valid = values[values > -1]
+    return float(valid.mean()) if valid.size else 0.0
+
+
+def read_detections(path: str | Path) -> list[dict[str, Any]]:
+    """The lines of a run's detections.jsonl."""
+    with Path(path).open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def clip_paths(clip: str | Path, ground_truth: str | Path | None = None) -> tuple[Path, Path]:
+    """(rig.toml, ground_truth.json) of a clip given as its folder or its rig file."""
+    clip = Path(clip)
+    rig = clip / "rig.toml" if clip.is_dir() else clip
+    if not rig.exists():
+        raise ConfigError(f"no rig file at {rig}: give a clip folder or its rig.toml")
+    gt = Path(ground_truth) if ground_truth is not None else rig.parent / GROUND_TRUTH_FILE
+    return rig, gt
+
+
+def write_report(report: EvalReport, path: Path, *, extra: Mapping[str, Any]) -> None:
+    """eval.json: the report plus what was evaluated (model, clip, run)."""
+    data = {**report.to_json(), **extra}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
