@@ -100,7 +100,7 @@ def test_ignore_regions_are_neither_misses_nor_false_positives(
     frames = range(0, 120, 15)
 
     def is_target(ann: dict[str, Any]) -> bool:
-        return ann["visibility"] >= 0.5 and ann["bbox"][3] >= 20
+        return bool(ann["visibility"] >= 0.5 and ann["bbox"][3] >= 20)
 
     only_targets = evaluate(
         ground_truth, _gt_as_detections(ground_truth, frames, keep=is_target), thresholds=th
