@@ -89,7 +89,7 @@ each and the ratios pipeline/ceiling and pipeline/naive.
 
 _PIPELINE_KEYS = {f.name for f in dataclasses.fields(PipelineConfig)}
 _REPLAY_KEYS = {"model", "weights", "out", "name", "save_video", "mosaic"}
-DEFAULT_MODEL = "ssdlite320_mobilenet_v3_large"
+DEFAULT_MODEL = "drivepercept-tiny"
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -106,8 +106,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--weights",
-        help="DEFAULT (torchvision download), a local state-dict "
-        "path, or none (random; default DEFAULT)",
+        help="DEFAULT (the bundled file for drivepercept-tiny, the torchvision download for "
+        "COCO models), a local state-dict path, or none (random); default DEFAULT",
     )
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument(
@@ -401,6 +401,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     rig, gt_path = clip_paths(args.rig or args.sources[0], args.ground_truth)
     args.sources, args.rig = [str(rig)], None
     sources, settings = _options(args)
+    # AP integrates over the whole precision-recall curve: keep low-scoring boxes
+    settings.setdefault("score_threshold", 0.05)
     cams = resolve_cameras(sources)
     ground_truth = load_ground_truth(gt_path, cameras=[c.name for c in cams])
     options = ReplayOptions(

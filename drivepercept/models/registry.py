@@ -1,6 +1,8 @@
 """The model registry: a name (or a plugin path) and a weights choice -> a ready `Detector`.
 
-Names are torchvision's COCO detectors (see `available_models()`). A name with a colon,
+Names are the bundled `drivepercept-tiny` (trained on the synthetic rig; its "DEFAULT"
+weights are the file shipped in `models/`) and torchvision's COCO detectors (see
+`available_models()`). A name with a colon,
 `package.module:factory`, is a plugin: the module is imported and `factory(weights)` must
 return a `Detector`. Weights are chosen the same way for every model:
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib
 
-from drivepercept.models import _torchvision
+from drivepercept.models import _torchvision, tiny
 from drivepercept.models._weights import short_reason
 from drivepercept.models.base import Detector, ModelError
 
@@ -24,7 +26,7 @@ PLUGIN_FORM = "package.module:factory"
 
 def available_models() -> tuple[str, ...]:
     """Registered model names (plugins, `package.module:factory`, are not listed)."""
-    return _torchvision.NAMES
+    return (tiny.NAME, *_torchvision.NAMES)
 
 
 def load_detector(name: str, *, weights: str | None = "none") -> Detector:
@@ -46,6 +48,8 @@ def load_detector(name: str, *, weights: str | None = "none") -> Detector:
     weights = _normalise_weights(weights)
     if ":" in name:
         return _load_plugin(name, weights)
+    if name == tiny.NAME:
+        return tiny.make_tiny(weights)
     if name in _torchvision.NAMES:
         return _torchvision.build(name, weights)
     close = [n for n in available_models() if name.lower() in n]
