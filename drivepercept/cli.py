@@ -403,6 +403,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     sources, settings = _options(args)
     # AP integrates over the whole precision-recall curve: keep low-scoring boxes
     settings.setdefault("score_threshold", 0.05)
+    if settings.setdefault("drop_policy", "block") != "block":
+        raise ConfigError("eval scores every frame: drop_policy must be 'block'")
     cams = resolve_cameras(sources)
     ground_truth = load_ground_truth(gt_path, cameras=[c.name for c in cams])
     options = ReplayOptions(
@@ -419,8 +421,20 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if result.stats.interrupted:
         print("interrupted: no evaluation", file=sys.stderr)
         return EXIT_INTERRUPTED
+    # Every ground-truth frame of the replayed cameras (up to --max-frames) is scored: a
+    # frame the pipeline did not emit (a truncated video, say) counts as all misses.
+    limit = options.pipeline.max_frames
+    names = {c.name for c in cams}
+    wanted = [
+        (str(im["camera"]), int(im["frame_index"]))
+        for im in ground_truth["images"]
+        if im["camera"] in names and (not limit or int(im["frame_index"]) < limit)
+    ]
     report = evaluate(
-        ground_truth, read_detections(result.run_dir / "detections.jsonl"), thresholds=thresholds
+        ground_truth,
+        read_detections(result.run_dir / "detections.jsonl"),
+        thresholds=thresholds,
+        images=wanted,
     )
     write_report(
         report,
@@ -431,6 +445,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             "clip": str(rig),
             "ground_truth": str(gt_path),
             "run_dir": str(result.run_dir),
+            "device": result.stats.device,
+            "pipeline": dataclasses.asdict(options.pipeline),
         },
     )
     print(report.table())

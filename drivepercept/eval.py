@@ -79,16 +79,19 @@ class EvalReport:
         return data
 
     def table(self) -> str:
+        def f(v: float, width: int) -> str:  # -1: nothing to score here
+            return f"{v:>{width}.3f}" if v >= 0 else f"{'n/a':>{width}}"
+
         rows = [
             f"{'':<16} {'mAP@.5:.95':>10} {'mAP@.5':>8}",
-            f"{'all':<16} {self.map_50_95:>10.3f} {self.map_50:>8.3f}",
+            f"{'all':<16} {f(self.map_50_95, 10)} {f(self.map_50, 8)}",
         ]
         for name, ap in self.per_class.items():
-            rows.append(f"{name:<16} {ap['ap_50_95']:>10.3f} {ap['ap_50']:>8.3f}")
+            rows.append(f"{name:<16} {f(ap['ap_50_95'], 10)} {f(ap['ap_50'], 8)}")
         for name, ap in self.per_camera.items():
-            rows.append(f"{'cam ' + name:<16} {ap['ap_50_95']:>10.3f} {ap['ap_50']:>8.3f}")
+            rows.append(f"{'cam ' + name:<16} {f(ap['ap_50_95'], 10)} {f(ap['ap_50'], 8)}")
         rows.append(
-            f"recall (AR@100) {self.recall:.3f}; {self.targets} targets, "
+            f"recall (AR@100) {f(self.recall, 5).strip()}; {self.targets} targets, "
             f"{self.ignored} ignored, {self.detections} detections, "
             f"{self.images} images"
         )
@@ -121,14 +124,21 @@ def load_ground_truth(path: str | Path, *, cameras: Sequence[str] | None = None)
         gt_cameras = {str(im["camera"]) for im in data["images"]}
         for im in data["images"]:
             _require_ints(im, "id", "frame_index")
+        for cat in data["categories"]:
+            _require_ints(cat, "id")
+            if not isinstance(cat["name"], str):
+                raise ValueError(f"category name must be a string, got {cat['name']!r}")
         for ann in data["annotations"]:
-            _require_ints(ann, "image_id", "category_id")
-            if len(ann["bbox"]) != 4:
-                raise ValueError(f"bbox of annotation {ann.get('id')} is not [x, y, w, h]")
+            _require_ints(ann, "id", "image_id", "category_id")
+            box = ann["bbox"]
+            if len(box) != 4 or not all(_is_number(v) for v in box):
+                raise ValueError(f"bbox of annotation {ann['id']} is not 4 numbers [x, y, w, h]")
+            if not _is_number(ann.get("visibility", 1.0)):
+                raise ValueError(f"visibility of annotation {ann['id']} is not a number")
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(
             f"ground truth {path} is malformed ({type(exc).__name__}: {exc}); "
-            "each image needs id, camera, frame_index"
+            "see the format `drivepercept simulate` writes"
         ) from None
     if cameras is not None:
         missing = [c for c in cameras if c not in gt_cameras]
@@ -138,6 +148,10 @@ def load_ground_truth(path: str | Path, *, cameras: Sequence[str] | None = None)
                 f"{', '.join(sorted(gt_cameras)) or 'none'}"
             )
     return dict(data)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _require_ints(item: Mapping[str, Any], *keys: str) -> None:
@@ -151,6 +165,7 @@ def evaluate(
     frames: Iterable[Mapping[str, Any]],
     *,
     thresholds: EvalThresholds | None = None,
+    images: Iterable[tuple[str, int]] | None = None,
 ) -> EvalReport:
     """Score detections against ground truth with COCOeval.
 
@@ -159,19 +174,33 @@ def evaluate(
         frames: one mapping per camera frame with camera, frame_index, boxes (xyxy, original
             pixels), scores and class_names (the format of detections.jsonl lines).
         thresholds: which ground truth is a target and which an ignore region.
+        images: the (camera, frame_index) pairs to score; a pair with no detection frame
+            counts every object in it as missed. Default: the pairs `frames` has.
+
+    Raises:
+        ConfigError: no scored image is in the ground truth (the wrong clip, say).
     """
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
     th = thresholds or EvalThresholds()
     frames = list(frames)
-    scored_keys = {(str(f["camera"]), int(f["frame_index"])) for f in frames}
-    images = [
+    scored_keys = (
+        {(str(c), int(k)) for c, k in images}
+        if images is not None
+        else {(str(f["camera"]), int(f["frame_index"])) for f in frames}
+    )
+    images_ = [
         im
         for im in ground_truth["images"]
         if (str(im["camera"]), int(im["frame_index"])) in scored_keys
     ]
-    image_ids = {(str(im["camera"]), int(im["frame_index"])): int(im["id"]) for im in images}
+    if not images_:
+        raise ConfigError(
+            "none of the evaluated frames (camera, frame_index) is in the ground truth: "
+            "is it the ground truth of this clip?"
+        )
+    image_ids = {(str(im["camera"]), int(im["frame_index"])): int(im["id"]) for im in images_}
     cat_ids = {str(c["name"]): int(c["id"]) for c in ground_truth["categories"]}
     wanted = set(image_ids.values())
     annotations = []
@@ -206,7 +235,7 @@ def evaluate(
             )
 
     gt_dict = {
-        "images": copy.deepcopy(images),
+        "images": copy.deepcopy(images_),
         "annotations": annotations,
         "categories": copy.deepcopy(list(ground_truth["categories"])),
     }
@@ -232,7 +261,7 @@ def evaluate(
 
     all_ids = sorted(wanted)
     main = run(all_ids)
-    report_stats = main.stats if main is not None else np.full(12, 0.0)
+    report_stats = main.stats if main is not None else np.full(12, -1.0)
     per_class: dict[str, dict[str, float]] = {}
     if main is not None:
         precision = main.eval["precision"]  # [T, R, K, A, M]
@@ -248,18 +277,15 @@ def evaluate(
     for cam in sorted({c for c, _ in image_ids}):
         ids = sorted(i for (c, _), i in image_ids.items() if c == cam)
         ev = run(ids)
-        stats = ev.stats if ev is not None else np.full(12, 0.0)
-        per_camera[cam] = {
-            "ap_50_95": max(float(stats[0]), 0.0),
-            "ap_50": max(float(stats[1]), 0.0),
-        }
+        stats = ev.stats if ev is not None else np.full(12, -1.0)
+        per_camera[cam] = {"ap_50_95": float(stats[0]), "ap_50": float(stats[1])}
     return EvalReport(
-        map_50_95=max(float(report_stats[0]), 0.0),
-        map_50=max(float(report_stats[1]), 0.0),
-        recall=max(float(report_stats[8]), 0.0),
+        map_50_95=float(report_stats[0]),
+        map_50=float(report_stats[1]),
+        recall=float(report_stats[8]),
         per_class=per_class,
         per_camera=per_camera,
-        images=len(images),
+        images=len(images_),
         targets=len(annotations) - ignored,
         ignored=ignored,
         detections=len(results),

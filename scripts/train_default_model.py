@@ -9,7 +9,7 @@ tiny (< 8 px tall) objects are neither positives nor negatives. A held-out valid
 
 Deterministic given --seed (same data, same initialisation, same batches) on one machine.
 
-    python scripts/train_default_model.py --steps 3000 --out models/drivepercept_tiny.pt
+    python scripts/train_default_model.py --steps 3500 --out models/drivepercept_tiny.pt
 """
 
 from __future__ import annotations
@@ -256,7 +256,12 @@ def main() -> None:
     parser.add_argument("--instants", type=int, default=5, help="rig frames per world")
     parser.add_argument("--val-every", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=tiny.WEIGHTS_FILE)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="where to save the state dict (the bundled one is models/drivepercept_tiny.pt)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.manual_seed(args.seed)

@@ -99,9 +99,11 @@ def decode(
     heat_logits: torch.Tensor, size: torch.Tensor, offset: torch.Tensor, *, k: int = MAX_DETECTIONS
 ) -> list[dict[str, torch.Tensor]]:
     """Peaks of the heat map -> boxes in input pixels (all on the maps' device)."""
-    heat = heat_logits.float().sigmoid()
-    peaks = heat == F.max_pool2d(heat, 3, stride=1, padding=1)
-    heat = heat * peaks
+    logits = heat_logits.float()
+    # peaks are found on the logits: the sigmoid saturates to exactly 1.0 for confident
+    # cells, and ties there would let neighbours survive as duplicate boxes
+    peaks = logits == F.max_pool2d(logits, 3, stride=1, padding=1)
+    heat = logits.sigmoid() * peaks
     b, c, h, w = heat.shape
     scores, idx = heat.reshape(b, -1).topk(min(k, c * h * w), dim=1)
     labels = idx // (h * w)
