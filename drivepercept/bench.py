@@ -21,7 +21,13 @@ import torch
 
 from drivepercept.config import CameraConfig, PipelineConfig, PrepareSpec
 from drivepercept.engine.device import resolve_device
-from drivepercept.engine.stages import keep_table, postprocess, to_model_input
+from drivepercept.engine.stages import (
+    autocast,
+    keep_table,
+    postprocess,
+    ready_model,
+    to_model_input,
+)
 from drivepercept.models.base import Detector
 from drivepercept.pipeline import Pipeline
 from drivepercept.replay import open_readers
@@ -62,20 +68,14 @@ class BenchResult:
 
 
 class _Runner:
-    """normalise + model + postprocess on one device, synchronously."""
+    """normalise + model + postprocess on one device, synchronously, with the engine's model
+    set-up and precision (so model-only, pipeline and naive compare one and the same model)."""
 
     def __init__(self, detector: Detector, config: PipelineConfig, device: torch.device) -> None:
         self.detector = detector
         self.config = config
         self.device = device
-        detector.configure_postprocess(
-            score_threshold=config.score_threshold,
-            iou_threshold=config.iou_threshold,
-            max_detections=config.max_detections,
-        )
-        self.model = detector.module.to(device).eval()
-        if config.channels_last:
-            self.model = self.model.to(memory_format=torch.channels_last)
+        self.model = ready_model(detector, config, device)
         self.keep = keep_table(detector.keep_labels, len(detector.class_names), device)
 
     def __call__(self, batch_u8: torch.Tensor) -> list[int]:
@@ -88,7 +88,8 @@ class _Runner:
                 std=spec.std,
                 channels_last=cfg.channels_last,
             )
-            out = self.model(x)
+            with autocast(cfg.precision, self.device):  # the same precision as the pipeline
+                out = self.model(x)
             _, counts = postprocess(
                 out,
                 score_threshold=cfg.score_threshold,

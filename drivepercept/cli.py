@@ -370,7 +370,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if result.stats.interrupted:
         print("interrupted: outputs hold the frames processed so far", file=sys.stderr)
         return EXIT_INTERRUPTED
-    short = [c for c in result.stats.cameras if c.short_by]
+    short = result.short_cameras
     if short:
         what = ", ".join(f"{c.name} after {c.frames} frames ({c.short_by} missing)" for c in short)
         print(

@@ -29,7 +29,7 @@ from drivepercept.engine.device import resolve_device
 from drivepercept.errors import ConfigError, OutputError, one_line
 from drivepercept.models import load_detector
 from drivepercept.models.base import Detector
-from drivepercept.pipeline import Pipeline, RunStats
+from drivepercept.pipeline import CameraStats, Pipeline, RunStats
 from drivepercept.sinks import AnnotatedVideoSink, DetectionsJsonlSink, FrameTimingCsvSink, Sink
 from drivepercept.sources.readers import FrameReader, open_reader
 
@@ -59,9 +59,9 @@ class ReplayResult:
     cameras: tuple[CameraConfig, ...]
 
     @property
-    def short_cameras(self) -> list[str]:
+    def short_cameras(self) -> list[CameraStats]:
         """Cameras whose video ended before the frame count its container announced."""
-        return [c.name for c in self.stats.cameras if c.short_by]
+        return [c for c in self.stats.cameras if c.short_by]
 
 
 def _safe_name(text: str) -> str:

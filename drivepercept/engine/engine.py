@@ -32,7 +32,13 @@ import torch
 
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
-from drivepercept.engine.stages import keep_table, postprocess, to_model_input
+from drivepercept.engine.stages import (
+    autocast,
+    keep_table,
+    postprocess,
+    ready_model,
+    to_model_input,
+)
 from drivepercept.models.base import Detector
 from drivepercept.queues import put_until_stopped
 from drivepercept.types import Batch, Detections, FrameResult, FrameTiming
@@ -40,7 +46,6 @@ from drivepercept.types import Batch, Detections, FrameResult, FrameTiming
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.1
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -104,16 +109,7 @@ class InferenceEngine:
         self.error: BaseException | None = None
         self.batches_done = 0
         self.frames_done = 0
-        self.dtype = _DTYPES[config.precision]
-        detector.configure_postprocess(
-            score_threshold=config.score_threshold,
-            iou_threshold=config.iou_threshold,
-            max_detections=config.max_detections,
-        )
-        model = detector.module.to(device).eval()
-        if config.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        self.model = model
+        self.model = ready_model(detector, config, device)
         spec = detector.input
         # Normalisation constants go to the device once (none at all when they are 0 and 1).
         self._mean: tuple[float, ...] | torch.Tensor = spec.mean
@@ -181,11 +177,6 @@ class InferenceEngine:
             copied.record()
         return _Staged(batch, device_u8, submit_ns, start, copied)
 
-    def _autocast(self) -> contextlib.AbstractContextManager[None]:
-        if self.dtype is torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
-
     def _compute(self, staged: _Staged, out_index: int) -> _InFlight:
         cfg = self.config
         host_out, host_counts = self._out[out_index], self._counts[out_index]
@@ -206,7 +197,7 @@ class InferenceEngine:
             if not self.cuda:
                 # the float copy is taken: the staging slot can be refilled right away
                 self.ring.release(staged.batch.slot)
-            with self._autocast():
+            with autocast(self.config.precision, self.device):
                 outputs = self.model(x)
             if self.cuda:
                 flight.inferred = _new_event()

@@ -8,10 +8,41 @@ counts, ready for a single device-to-host copy.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
 from torchvision.ops import batched_nms
+
+from drivepercept.config import PipelineConfig
+from drivepercept.models.base import Detector
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def ready_model(
+    detector: Detector, config: PipelineConfig, device: torch.device
+) -> torch.nn.Module:
+    """The detector's module on `device`, in eval mode, set up as `config` says (its own
+    post-processing thresholds, channels_last). The engine and the benchmark share it, so
+    that both run exactly the same model."""
+    detector.configure_postprocess(
+        score_threshold=config.score_threshold,
+        iou_threshold=config.iou_threshold,
+        max_detections=config.max_detections,
+    )
+    model = detector.module.to(device).eval()
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Mixed-precision context for "fp16"/"bf16"; nothing for "fp32"."""
+    dtype = _DTYPES[precision]
+    if dtype is torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def to_model_input(
