@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import sys
 import time
@@ -26,8 +27,9 @@ from drivepercept.config import (
 from drivepercept.errors import ConfigError, DrivePerceptError, one_line
 
 if TYPE_CHECKING:
-    from drivepercept.pipeline import Pipeline
+    from drivepercept.pipeline import LiveView, Pipeline
     from drivepercept.replay import ReplayResult
+    from drivepercept.report import ReportResult
 
 log = logging.getLogger("drivepercept")
 
@@ -78,6 +80,18 @@ into the run folder next to the replay outputs and prints mAP@[.5:.95], mAP@.5, 
 and per-camera AP and recall.
 """
 
+_REPORT_EPILOG = """\
+examples:
+  drivepercept report runs/replay-20261130-101500
+  drivepercept report runs/fp32 --format json,csv --budget-ms 66
+  drivepercept report runs/fp32 --compare runs/fp16
+
+Writes summary.json (schema in drivepercept/report/summary.py), latency.csv (per-stage
+statistics), report.html (one self-contained page with plots) and trace.json (open it in
+https://ui.perfetto.dev). A run that was killed, or a frames.csv with corrupt lines, still gets
+a report of what is there; the problems are named, and the exit code is 1.
+"""
+
 _BENCH_EPILOG = """\
 examples:
   drivepercept bench sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
@@ -88,7 +102,7 @@ each and the ratios pipeline/ceiling and pipeline/naive.
 """
 
 _PIPELINE_KEYS = {f.name for f in dataclasses.fields(PipelineConfig)}
-_REPLAY_KEYS = {"model", "weights", "out", "name", "save_video", "mosaic"}
+_REPLAY_KEYS = {"model", "weights", "out", "name", "save_video", "mosaic", "budget_ms", "report"}
 DEFAULT_MODEL = "drivepercept-tiny"
 
 
@@ -123,6 +137,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--score-threshold", type=float, help="default 0.3")
     p.add_argument("--queue-capacity", type=int, help="frames waiting per camera (default 4)")
     p.add_argument("--max-frames", type=int, help="stop each camera after N frames")
+    p.add_argument(
+        "--sample-hz",
+        type=float,
+        help="GPU/CPU load samples per second, 0 = off (default 10)",
+    )
 
 
 def _build_parser() -> _Parser:
@@ -180,6 +199,14 @@ def _build_parser() -> _Parser:
         const=True,
         help="with --save-video: one tiled video of all cameras instead",
     )
+    _add_report_args(rep)
+    rep.add_argument(
+        "--no-report",
+        action="store_const",
+        const="",
+        dest="report",
+        help="skip the latency report (it can be written later with drivepercept report)",
+    )
     rep.add_argument("--no-progress", action="store_true", help="no progress bar")
     rep.set_defaults(handler=_cmd_replay)
 
@@ -232,7 +259,49 @@ def _build_parser() -> _Parser:
         help="interleaved rounds; each mode's best is kept (default 3)",
     )
     ben.set_defaults(handler=_cmd_bench)
+
+    rpt = sub.add_parser(
+        "report",
+        help="latency report of a run folder (HTML, JSON, CSV, Perfetto trace), or compare two",
+        description="Write the latency report of a run folder, from its frames.csv, load.csv "
+        "and run.json, into that folder.",
+        epilog=_REPORT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rpt.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder (runs/<name>)")
+    rpt.add_argument(
+        "--format",
+        dest="report",
+        default="html,json,csv,trace",
+        help="comma-separated: html, json, csv, trace (default all)",
+    )
+    rpt.add_argument(
+        "--budget-ms",
+        type=float,
+        default=100.0,
+        help="latency budget for deadline misses (default 100)",
+    )
+    rpt.add_argument(
+        "--compare",
+        type=Path,
+        metavar="RUN_B",
+        help="compare RUN_DIR (A) with RUN_B: key figures with ratios B/A, compare-<B>.html",
+    )
+    rpt.set_defaults(handler=_cmd_report)
     return parser
+
+
+def _add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--budget-ms",
+        type=float,
+        help="latency budget of the report's deadline-miss rate (default 100)",
+    )
+    p.add_argument(
+        "--report",
+        metavar="FORMATS",
+        help="report files written at the end: html,json,csv,trace (default all)",
+    )
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -298,33 +367,96 @@ def _pipeline_config(settings: dict[str, Any]) -> PipelineConfig:
         raise ConfigError(f"bad pipeline setting: {exc}") from None
 
 
-class _Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal or forced)."""
+def _report_options(settings: dict[str, Any]) -> dict[str, Any]:
+    from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, parse_formats
 
-    def __init__(self, *, enabled: bool) -> None:
+    text = settings.get("report")
+    formats = ALL_FORMATS if text is None else (parse_formats(text) if text else ())
+    budget_ms = float(settings.get("budget_ms", DEFAULT_BUDGET_MS))
+    if not budget_ms > 0:
+        raise ConfigError(f"--budget-ms must be > 0, got {budget_ms:g}")
+    return {"report_formats": formats, "budget_ms": budget_ms}
+
+
+def _print_report(report: ReportResult) -> None:
+    names = ", ".join(p.name for p in report.files)
+    print(f"report: {names} in {report.run_dir}")
+    s = report.summary
+    e2e, deadline = s["end_to_end_ms"], s["deadline"]
+    if e2e["count"]:
+        print(
+            f"end-to-end p50 {e2e['p50_ms']:.1f} ms, p99 {e2e['p99_ms']:.1f} ms; "
+            f"{deadline['misses']}/{deadline['frames']} frames over {deadline['budget_ms']:g} ms"
+        )
+    reason = s["load"]["gpu_unavailable"]
+    if reason:
+        print(f"GPU metrics unavailable: {reason}")
+
+
+def status_line(view: LiveView, names: Sequence[str]) -> str:
+    """Per-camera fps and p95 latency over the last second, and the load: one line."""
+    cams = " ".join(
+        f"{name} {fps:.1f}/{'-' if math.isnan(p95) else f'{p95:.0f}'}"
+        for name, fps, p95 in zip(names, view.fps, view.p95_ms, strict=True)
+    )
+    load = view.load
+    if load is None:
+        tail = ""
+    elif load.gpus:
+        tail = " | " + " ".join(
+            f"GPU{k} {g.util_pct:.0f}% {g.mem_used_bytes / 2**20:.0f} MB"
+            for k, g in enumerate(load.gpus)
+        )
+    else:
+        tail = f" | CPU {load.system_cpu_pct:.0f}% of {len(load.per_core_cpu_pct)} cores"
+    return f"fps/p95 ms: {cams}{tail}"
+
+
+class _Progress:
+    """Progress on stderr: a bar and, once a second, a status line (per-camera fps and p95
+    latency over the last second, GPU or CPU load). Drawn in place on a terminal; with
+    `log_status` and no terminal, the status line is logged once a second instead."""
+
+    def __init__(self, *, enabled: bool, log_status: bool = False) -> None:
         self.total: int | None = None
         self.enabled = enabled
+        self.log_status = log_status and not enabled
         self.started = time.monotonic()
+        self.last_status = 0.0
+        self.status = ""
+        self.drawn = False
 
     def __call__(self, pipeline: Pipeline) -> None:
+        if not (self.enabled or self.log_status):
+            return
+        now = time.monotonic()
+        if now - self.last_status >= 1.0:
+            self.last_status = now
+            self.status = status_line(pipeline.live_view(), pipeline.names)
+            if self.log_status:
+                log.info("%s", self.status)
         if not self.enabled:
             return
         if self.total is None:
             self.total = pipeline.expected_frames()
         done = sum(pipeline.frames_done())
-        elapsed = max(time.monotonic() - self.started, 1e-9)
+        elapsed = max(now - self.started, 1e-9)
         if self.total and self.total > 0:
             frac = min(done / self.total, 1.0)
             bar = "#" * int(frac * 30)
             text = f"[{bar:<30}] {done}/{self.total} frames"
         else:
             text = f"{done} frames"
-        sys.stderr.write(f"\r{text}  {done / elapsed:6.1f} frames/s")
+        # two lines, redrawn in place: the bar, then the status line; the cursor goes back up
+        sys.stderr.write(
+            f"\r\x1b[K{text}  {done / elapsed:6.1f} frames/s\n\x1b[K{self.status}\x1b[1A\r"
+        )
         sys.stderr.flush()
+        self.drawn = True
 
     def finish(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
+        if self.enabled and self.drawn:
+            sys.stderr.write("\n\n")
 
 
 def _summary_table(result: ReplayResult) -> str:
@@ -360,13 +492,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         name=settings.get("name"),
         save_video=bool(settings.get("save_video", False)),
         mosaic=bool(settings.get("mosaic", False)),
+        **_report_options(settings),
     )
     resolve_cameras(options.sources)  # fail fast on bad sources, before loading a model
-    bar = _Progress(enabled=not args.no_progress and sys.stderr.isatty())
+    bar = _Progress(enabled=not args.no_progress and sys.stderr.isatty(), log_status=args.verbose)
     result = run_replay(options, progress=bar)
     bar.finish()
     print(_summary_table(result))
     print(f"run folder: {result.run_dir}")
+    if result.report is not None:
+        _print_report(result.report)
     if result.stats.interrupted:
         print("interrupted: outputs hold the frames processed so far", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -478,6 +613,29 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         f"{len(cams)} cameras"
     )
     print(result.table())
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from drivepercept.report import parse_formats, write_comparison, write_report
+
+    formats = parse_formats(args.report)
+    if args.compare is not None:
+        comparison = write_comparison(args.run_dir, args.compare, budget_ms=args.budget_ms)
+        print(comparison.text)
+        print(f"comparison: {comparison.html}")
+        problems = comparison.problems
+    else:
+        report = write_report(args.run_dir, formats=formats, budget_ms=args.budget_ms)
+        _print_report(report)
+        problems = report.problems
+    if problems:
+        more = f" (and {len(problems) - 1} more, listed in the report)" if len(problems) > 1 else ""
+        print(
+            f"drivepercept report: error: the report covers what is there, but {problems[0]}{more}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     return EXIT_OK
 
 

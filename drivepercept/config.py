@@ -437,6 +437,7 @@ class PipelineConfig:
         ring_slots: staging buffers (>= max_in_flight + 1).
         max_in_flight: batches submitted to the device and not yet completed.
         max_frames: stop each camera after this many frames (0 = all).
+        sample_hz: load samples (GPU through NVML, CPU, memory) per second; 0 = no sampler.
     """
 
     batch_timeout_ms: float = 20.0
@@ -451,6 +452,7 @@ class PipelineConfig:
     ring_slots: int = 4
     max_in_flight: int = 2
     max_frames: int = 0
+    sample_hz: float = 10.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.batch_timeout_ms) and 0.0 <= self.batch_timeout_ms <= 60_000):
@@ -482,6 +484,8 @@ class PipelineConfig:
             )
         if self.max_frames < 0:
             raise ConfigError(f"max_frames must be >= 0, got {self.max_frames}")
+        if not (math.isfinite(self.sample_hz) and 0.0 <= self.sample_hz <= 1000.0):
+            raise ConfigError(f"sample_hz must be between 0 and 1000, got {self.sample_hz:g}")
 
 
 def load_pipeline_toml(path: str | Path) -> dict[str, Any]:

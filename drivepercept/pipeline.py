@@ -2,6 +2,7 @@
 
     decode-<camera> (one per camera) -> CameraQueues -> batcher -> StagingRing slot
         -> engine (upload, normalise, model, NMS) -> engine-complete -> sinks
+    gpu-monitor (beside them, when sample_hz > 0): GPU / CPU / memory load -> load sinks
 
 Shutdown: one `threading.Event`; every queue operation has a timeout; every thread sends its
 sentinel in `finally:`; every thread is joined with a timeout and one that does not stop is
@@ -15,11 +16,14 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import cv2
 import numpy as np
+import torch
 
 from drivepercept.batching import Batcher
 from drivepercept.buffers import StagingRing
@@ -29,14 +33,17 @@ from drivepercept.engine.engine import InferenceEngine
 from drivepercept.errors import DrivePerceptError, one_line
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
-from drivepercept.sinks.base import ImageSink, Sink
+from drivepercept.sinks.base import ImageSink, LoadSink, Sink
 from drivepercept.sources.decoder import DecoderThread
 from drivepercept.sources.readers import FrameReader
-from drivepercept.types import Batch, DropPolicy, FrameResult
+from drivepercept.telemetry.sampler import GpuRef, LoadSampler
+from drivepercept.telemetry.stats import recent_window
+from drivepercept.types import Batch, DropPolicy, FrameResult, LoadSample
 
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 2.0
+RECENT_FRAMES = 512  # per camera, for the live view (fps and p95 over the last second)
 
 
 class PipelineError(DrivePerceptError):
@@ -75,6 +82,32 @@ class RunStats:
         return self.frames / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class LiveView:
+    """The last `window_s` of a running pipeline, for a once-a-second status line."""
+
+    window_s: float
+    fps: tuple[float, ...]  # per camera
+    p95_ms: tuple[float, ...]  # per camera (NaN with no frame in the window)
+    load: LoadSample | None  # the newest load sample (None without a sampler)
+
+
+def gpu_refs(device: torch.device) -> tuple[GpuRef, ...]:
+    """The GPU a device runs on, by PCI address, for NVML (none for the CPU)."""
+    if device.type != "cuda":
+        return ()
+    index = device.index or 0
+    props: Any = torch.cuda.get_device_properties(index)  # pci_* are missing from its stubs
+    return (
+        GpuRef(
+            cuda_index=index,
+            pci_domain=int(props.pci_domain_id),
+            pci_bus=int(props.pci_bus_id),
+            pci_device=int(props.pci_device_id),
+        ),
+    )
+
+
 def percentiles_ms(values_ms: Sequence[float]) -> dict[str, float]:
     """p50 / p95 / p99 / max of latencies (empty -> zeros)."""
     if not values_ms:
@@ -93,6 +126,7 @@ class Pipeline:
         config: pipeline knobs.
         sinks: result writers, called in order on the completion thread.
         keep_original: carry each frame's original pixels to the sinks (annotated video).
+        load_sinks: load-sample writers, called on the `gpu-monitor` thread.
     """
 
     def __init__(
@@ -103,6 +137,7 @@ class Pipeline:
         config: PipelineConfig,
         sinks: Sequence[Sink] = (),
         keep_original: bool = False,
+        load_sinks: Sequence[LoadSink] = (),
     ) -> None:
         if not cameras:
             raise DrivePerceptError("a pipeline needs at least one camera")
@@ -163,6 +198,21 @@ class Pipeline:
             max_batch=len(cameras),
             on_error=self._fail,
         )
+        self.load_sinks = tuple(load_sinks)
+        self.sampler = (
+            LoadSampler(
+                rate_hz=config.sample_hz,
+                gpus=gpu_refs(self.device),
+                stop=self.stop_event,
+                on_sample=self._on_load_sample,
+                on_error=self._fail,
+            )
+            if config.sample_hz > 0
+            else None
+        )
+        self._recent: list[deque[tuple[int, float]]] = [
+            deque(maxlen=RECENT_FRAMES) for _ in cameras
+        ]
         self._frames = [0] * len(cameras)
         self._latency_ms: list[list[float]] = [[] for _ in cameras]
         self._batch_sizes: list[int] = []
@@ -176,7 +226,17 @@ class Pipeline:
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:
-        return (*(d.thread for d in self.decoders), self.batcher.thread, *self.engine.threads)
+        sampler = (self.sampler.thread,) if self.sampler is not None else ()
+        return (
+            *(d.thread for d in self.decoders),
+            self.batcher.thread,
+            *self.engine.threads,
+            *sampler,
+        )
+
+    def _on_load_sample(self, sample: LoadSample) -> None:
+        for sink in self.load_sinks:
+            sink.write(sample)
 
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
@@ -207,6 +267,7 @@ class Pipeline:
                 i = r.camera_index
                 self._frames[i] += 1
                 self._latency_ms[i].append(r.timing.end_to_end_ms)
+                self._recent[i].append((r.timing.emitted_ns, r.timing.end_to_end_ms))
                 first = self._first_capture_ns[i]
                 if first is None or r.timing.capture_ns < first:
                     self._first_capture_ns[i] = r.timing.capture_ns
@@ -219,6 +280,8 @@ class Pipeline:
         # The decoder threads are the parallelism: OpenCV's own pool inside every resize would
         # only make six decoders and torch fight over the cores.
         cv2.setNumThreads(1)
+        if self.sampler is not None:
+            self.sampler.start()
         self.engine.start()
         self.batcher.start()
         for d in self.decoders:
@@ -236,6 +299,19 @@ class Pipeline:
     def frames_done(self) -> list[int]:
         with self._lock:
             return list(self._frames)
+
+    def live_view(self, window_s: float = 1.0) -> LiveView:
+        """Per-camera fps and p95 latency over the last `window_s`, and the newest load."""
+        now_ns = time.monotonic_ns()
+        with self._lock:
+            recent = [list(r) for r in self._recent]
+        windows = [recent_window(r, now_ns=now_ns, window_s=window_s) for r in recent]
+        return LiveView(
+            window_s=window_s,
+            fps=tuple(w[0] for w in windows),
+            p95_ms=tuple(w[1] for w in windows),
+            load=self.sampler.latest if self.sampler is not None else None,
+        )
 
     def run(
         self,
@@ -298,7 +374,10 @@ class Pipeline:
             if self._sinks_closed:
                 return
             self._sinks_closed = True
-        for sink in self.sinks:
+        if self.sampler is not None:
+            self.sampler.close()
+        closing: tuple[Sink | LoadSink, ...] = (*self.sinks, *self.load_sinks)
+        for sink in closing:
             try:
                 sink.close()
             except Exception as exc:  # one sink failing to close must not lose the others

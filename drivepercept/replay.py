@@ -1,8 +1,11 @@
 """The replay job: recorded cameras -> pipeline -> a run directory.
 
 `runs/<name>/` receives `detections.jsonl` (one line per camera frame), `frames.csv` (stage
-timestamps per frame), `run.json` (config, versions, device, sources and summary) and, with
-`save_video`, annotated videos per camera or one mosaic.
+timestamps per frame), `load.csv` (GPU / CPU / memory samples), `run.json` (config, versions,
+device, sources, telemetry and summary), the latency report (`summary.json`, `latency.csv`,
+`report.html`, `trace.json`; see `drivepercept.report`) and, with `save_video`, annotated
+videos per camera or one mosaic. The report is written however the run ends: complete,
+interrupted or failed.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from drivepercept.errors import ConfigError, OutputError, one_line
 from drivepercept.models import load_detector
 from drivepercept.models.base import Detector
 from drivepercept.pipeline import CameraStats, Pipeline, RunStats
-from drivepercept.sinks import AnnotatedVideoSink, DetectionsJsonlSink, FrameTimingCsvSink, Sink
+from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, ReportResult, write_report
+from drivepercept.sinks import (
+    LOAD_CSV,
+    AnnotatedVideoSink,
+    DetectionsJsonlSink,
+    FrameTimingCsvSink,
+    LoadCsvSink,
+    Sink,
+)
 from drivepercept.sources.readers import FrameReader, open_reader
 
 log = logging.getLogger(__name__)
@@ -50,6 +61,8 @@ class ReplayOptions:
     name: str | None = None
     save_video: bool = False
     mosaic: bool = False
+    report_formats: tuple[str, ...] = ALL_FORMATS  # () = no report
+    budget_ms: float = DEFAULT_BUDGET_MS
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,7 @@ class ReplayResult:
     run_dir: Path
     stats: RunStats
     cameras: tuple[CameraConfig, ...]
+    report: ReportResult | None = None
 
     @property
     def short_cameras(self) -> list[CameraStats]:
@@ -179,11 +193,17 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         raise OutputError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def _close_all(readers: Sequence[FrameReader], sinks: Sequence[Sink]) -> None:
+def _close_all(readers: Sequence[FrameReader], sinks: Sequence[Sink | LoadCsvSink]) -> None:
     for r in readers:
         r.close()
     for sink in sinks:
         sink.close()
+
+
+def _report(run_dir: Path, options: ReplayOptions) -> ReportResult | None:
+    if not options.report_formats:
+        return None
+    return write_report(run_dir, formats=options.report_formats, budget_ms=options.budget_ms)
 
 
 def run_replay(
@@ -201,6 +221,7 @@ def run_replay(
     resolve_device(options.pipeline.device)
     readers = open_readers(cams)  # bad sources fail before the (slower) model load
     sinks: list[Sink] = []
+    load_sinks: list[LoadCsvSink] = []
     try:
         det = detector or load_detector(options.model, weights=options.weights)
         run_dir = make_run_dir(options.out_root, options.name)
@@ -208,6 +229,8 @@ def run_replay(
             DetectionsJsonlSink(run_dir / "detections.jsonl"),
             FrameTimingCsvSink(run_dir / "frames.csv"),
         ]
+        if options.pipeline.sample_hz > 0:
+            load_sinks.append(LoadCsvSink(run_dir / LOAD_CSV))
         if options.save_video:
             fps = {c.name: r.info.fps for c, r in zip(cams, readers, strict=True)}
             sinks.append(
@@ -221,9 +244,10 @@ def run_replay(
             config=options.pipeline,
             sinks=sinks,
             keep_original=options.save_video,
+            load_sinks=load_sinks,
         )
     except BaseException:
-        _close_all(readers, sinks)
+        _close_all(readers, [*sinks, *load_sinks])
         raise
     sources = [
         {
@@ -251,6 +275,7 @@ def run_replay(
         "config": dataclasses.asdict(options.pipeline),
         "sources": sources,
         "environment": environment(str(pipeline.device)),
+        "telemetry": pipeline.sampler.info.as_dict() if pipeline.sampler is not None else None,
         "status": "running",
     }
     try:
@@ -261,9 +286,22 @@ def run_replay(
         record["status"] = "failed"
         record["error"] = one_line(f"{type(exc).__name__}: {exc}")
         record["summary"] = stats_summary(pipeline.stats())
-        _write_json(run_dir / "run.json", record)
+        _final_record(run_dir, record, pipeline)
+        try:
+            _report(run_dir, options)
+        except Exception as report_exc:  # the run's own error is the one to report
+            log.error("the report of the failed run could not be written: %s", report_exc)
         raise
     record["status"] = "interrupted" if stats.interrupted else "complete"
     record["summary"] = stats_summary(stats)
+    _final_record(run_dir, record, pipeline)
+    report = _report(run_dir, options)
+    return ReplayResult(run_dir=run_dir, stats=stats, cameras=cams, report=report)
+
+
+def _final_record(run_dir: Path, record: dict[str, Any], pipeline: Pipeline) -> None:
+    if pipeline.sampler is not None:
+        # metrics found unsupported during the run are known only now
+        record["telemetry"] = pipeline.sampler.info.as_dict()
+        record["telemetry"]["samples"] = pipeline.sampler.samples_taken
     _write_json(run_dir / "run.json", record)
-    return ReplayResult(run_dir=run_dir, stats=stats, cameras=cams)

@@ -267,3 +267,40 @@ class FrameResult:
     detections: Detections
     timing: FrameTiming
     original_bgr: ImageU8 | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's load at one instant, read through NVML (NaN where the GPU does not report it).
+
+    NVML's utilization figures are averages over the driver's own sampling window (between
+    1/6 s and 1 s depending on the GPU), not instantaneous values.
+    """
+
+    index: int  # NVML device index
+    util_pct: float  # share of time a kernel was running
+    mem_util_pct: float  # share of time device memory was read or written
+    mem_used_bytes: float
+    mem_total_bytes: float
+    power_w: float
+    power_limit_w: float
+    temperature_c: float
+    sm_clock_mhz: float
+    mem_clock_mhz: float
+    pcie_tx_bytes_s: float
+    pcie_rx_bytes_s: float
+    throttle_reasons: int  # NVML clocks-event bit mask (-1 unknown)
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """Process, system and GPU load at `t_ns` (`time.monotonic_ns()`, the frames' clock)."""
+
+    t_ns: int
+    process_cpu_pct: float  # this process, all its threads (100 = one core busy)
+    system_cpu_pct: float  # all cores together (100 = every core busy)
+    per_core_cpu_pct: tuple[float, ...]
+    process_rss_bytes: int
+    system_mem_used_bytes: int
+    system_mem_total_bytes: int
+    gpus: tuple[GpuSample, ...] = ()

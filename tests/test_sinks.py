@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,7 @@ def _result(
     capture = CAPTURE_NS + frame_index * 66_666_667
     # nine increasing stage times, ending at capture + latency
     stages = [capture + latency_ns * k // 8 for k in range(9)]
+    copy_start, compute_start = stages[4] + 1, stages[5] + 1
     return FrameResult(
         camera=camera,
         camera_index=camera_index,
@@ -60,7 +62,9 @@ def _result(
         batch_index=frame_index,
         batch_size=2,
         detections=_detections(boxes, seed=frame_index * 10 + camera_index),
-        timing=FrameTiming(*stages),
+        timing=dataclasses.replace(
+            FrameTiming(*stages), copy_start_ns=copy_start, compute_start_ns=compute_start
+        ),
     )
 
 
@@ -197,7 +201,11 @@ def test_frames_csv_has_header_and_values(tmp_path: Path) -> None:
         reader = csv.DictReader(f)
         rows = list(reader)
     assert tuple(reader.fieldnames or ()) == FRAMES_CSV_COLUMNS
-    assert FRAMES_CSV_COLUMNS[6:-2] == tuple(f"{stage}_ns" for stage in STAGES)
+    assert FRAMES_CSV_COLUMNS[6:-2] == (
+        *(f"{stage}_ns" for stage in STAGES),
+        "copy_start_ns",
+        "compute_start_ns",
+    )
     assert len(rows) == 2
     for row, result in zip(rows, results, strict=True):
         timing = result.timing
@@ -207,7 +215,7 @@ def test_frames_csv_has_header_and_values(tmp_path: Path) -> None:
         assert float(row["pts_s"]) == result.pts_s
         assert int(row["batch_index"]) == result.batch_index
         assert int(row["batch_size"]) == result.batch_size
-        for stage in STAGES:
+        for stage in (*STAGES, "copy_start", "compute_start"):
             assert int(row[f"{stage}_ns"]) == getattr(timing, f"{stage}_ns")
         expected_ms = (timing.emitted_ns - timing.capture_ns) / 1e6
         assert float(row["end_to_end_ms"]) == pytest.approx(expected_ms, abs=0.0005)

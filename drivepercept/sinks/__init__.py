@@ -1,4 +1,5 @@
-"""Output writers: detections (JSON Lines), per-frame timings (CSV) and annotated videos.
+"""Output writers: detections (JSON Lines), per-frame timings and load samples (CSV) and
+annotated videos.
 
 Every sink has `write(result)` and `close()`, is a context manager, leaves valid files however
 the run ends (once closed), and raises `drivepercept.errors.OutputError` when its file cannot be
@@ -8,8 +9,9 @@ created. Sinks that draw on the original frame also have `write_with_image(resul
 
 from __future__ import annotations
 
-from drivepercept.sinks.base import ImageSink, Sink
+from drivepercept.sinks.base import ImageSink, LoadSink, Sink
 from drivepercept.sinks.jsonl import DetectionsJsonlSink, frame_record
+from drivepercept.sinks.load import LOAD_CSV, LoadCsvSink, load_csv_columns
 from drivepercept.sinks.timing import (
     FRAMES_CSV,
     FRAMES_CSV_COLUMNS,
@@ -21,13 +23,17 @@ from drivepercept.sinks.video import MOSAIC_FILE, AnnotatedVideoSink, draw_detec
 __all__ = [
     "FRAMES_CSV",
     "FRAMES_CSV_COLUMNS",
+    "LOAD_CSV",
     "MOSAIC_FILE",
     "AnnotatedVideoSink",
     "DetectionsJsonlSink",
     "FrameTimingCsvSink",
     "ImageSink",
+    "LoadCsvSink",
+    "LoadSink",
     "Sink",
     "draw_detections",
     "frame_record",
+    "load_csv_columns",
     "timing_row",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from drivepercept.types import FrameResult, ImageU8
+from drivepercept.types import FrameResult, ImageU8, LoadSample
 
 
 @runtime_checkable
@@ -32,3 +32,15 @@ class ImageSink(Sink, Protocol):
 
     def write_with_image(self, result: FrameResult, image_bgr: ImageU8) -> None:
         """Record one camera frame's result together with its original BGR image."""
+
+
+@runtime_checkable
+class LoadSink(Protocol):
+    """Receives the load sampler's samples, on the `gpu-monitor` thread (so it must be
+    thread-safe against `close()` from the pipeline's thread)."""
+
+    def write(self, sample: LoadSample) -> None:
+        """Record one load sample."""
+
+    def close(self) -> None:
+        """Finish the output; a second call does nothing."""

@@ -2,7 +2,9 @@
 
 Columns: camera, camera_index, frame_index, pts_s, batch_index, batch_size, one `<stage>_ns`
 column per entry of `drivepercept.types.STAGES` (monotonic ns, 0 where a stage does not apply),
-end_to_end_ms (capture to emission, 3 decimals) and detections (the number of boxes).
+copy_start_ns and compute_start_ns (when the batch's upload and its computation began: the
+device spans' starts), end_to_end_ms (capture to emission, 3 decimals) and detections (the
+number of boxes).
 Rows end with "\\n"; fields are quoted by the csv module where needed.
 """
 
@@ -21,7 +23,7 @@ log = logging.getLogger(__name__)
 
 FRAMES_CSV = "frames.csv"
 
-_STAGE_COLUMNS = tuple(f"{stage}_ns" for stage in STAGES)
+_STAGE_COLUMNS = (*(f"{stage}_ns" for stage in STAGES), "copy_start_ns", "compute_start_ns")
 assert set(_STAGE_COLUMNS) <= {f.name for f in dataclasses.fields(FrameTiming)}, (
     "every entry of STAGES names a FrameTiming field"
 )

@@ -1,0 +1,196 @@
+"""The report's plots, drawn with matplotlib's object API (no pyplot state, no display needed)
+and returned as PNG bytes, to be embedded in the HTML page.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from drivepercept.report.rundir import LoadTable
+from drivepercept.telemetry.stats import windowed_rate
+from drivepercept.telemetry.timeline import STAGE_SPANS, Timeline
+
+DPI = 100
+WIDE = (10.0, 3.6)
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=DPI, bbox_inches="tight")
+    return out.getvalue()
+
+
+def _figure(size: tuple[float, float] = WIDE, rows: int = 1, cols: int = 1) -> tuple[Figure, Any]:
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, axes
+
+
+def _budget(ax: Axes, budget_ms: float, *, vertical: bool) -> None:
+    label = f"budget {budget_ms:g} ms"
+    line = ax.axvline if vertical else ax.axhline
+    line(budget_ms, color="crimson", linestyle="--", linewidth=1.2, label=label)
+
+
+def _seconds(t_ns: np.ndarray, origin_ns: int) -> np.ndarray:
+    return (t_ns.astype(np.int64) - origin_ns) / 1e9
+
+
+def latency_cdf(tl: Timeline, budget_ms: float) -> bytes:
+    """End-to-end latency CDF per camera, budget marked."""
+    fig, axes = _figure()
+    ax = axes[0][0]
+    for i, name in enumerate(tl.cameras):
+        values = np.sort(tl.camera(i).end_to_end_ms)
+        if values.size:
+            ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=name)
+    _budget(ax, budget_ms, vertical=True)
+    ax.set_xlabel("end-to-end latency (ms, capture to result)")
+    ax.set_ylabel("share of frames")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    ax.set_title("End-to-end latency distribution (CDF)")
+    return _png(fig)
+
+
+def latency_over_time(tl: Timeline, budget_ms: float) -> bytes:
+    fig, axes = _figure()
+    ax = axes[0][0]
+    origin = tl.origin_ns
+    for i, name in enumerate(tl.cameras):
+        cam = tl.camera(i)
+        order = np.argsort(cam.stamps["capture"])
+        x = _seconds(cam.stamps["capture"][order], origin)
+        ax.plot(x, cam.end_to_end_ms[order], linewidth=0.9, marker=".", markersize=2, label=name)
+    _budget(ax, budget_ms, vertical=False)
+    ax.set_xlabel("capture time (s from the first frame)")
+    ax.set_ylabel("end-to-end latency (ms)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    ax.set_title("Latency over time, per camera")
+    return _png(fig)
+
+
+def stage_breakdown(tl: Timeline) -> bytes:
+    """Stacked bars: the median of each stage, and the p99 of each stage."""
+    fig, axes = _figure((10.0, 2.8))
+    ax = axes[0][0]
+    rows = [("p50 of each stage", 50.0), ("p99 of each stage", 99.0)]
+    colors = [f"C{k % 10}" for k in range(len(STAGE_SPANS))]
+    for y, (_label, q) in enumerate(rows):
+        left = 0.0
+        for span, color in zip(STAGE_SPANS, colors, strict=True):
+            values = tl.span(span)
+            width = float(np.percentile(values, q)) if values.size else 0.0
+            ax.barh(
+                y, width, left=left, color=color, label=span.name if y == 0 else None, height=0.6
+            )
+            left += width
+        ax.text(left, y, f" {left:.1f} ms", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms (the p99 bar sums per-stage p99s: an upper view, not the p99 of the sum)")
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    ax.set_title("Where the time goes: stage breakdown")
+    return _png(fig)
+
+
+def throughput_over_time(tl: Timeline, window_s: float) -> bytes:
+    fig, axes = _figure()
+    ax = axes[0][0]
+    origin, end = tl.origin_ns, tl.end_ns
+    total = windowed_rate(tl.stamps["emitted"], origin_ns=origin, end_ns=end, window_s=window_s)
+    ax.step(total.start_s, total.rate_per_s, where="post", color="black", label="all cameras")
+    for i, name in enumerate(tl.cameras):
+        w = windowed_rate(
+            tl.stamps["emitted"][tl.camera_index == i],
+            origin_ns=origin,
+            end_ns=end,
+            window_s=window_s,
+        )
+        ax.step(w.start_s, w.rate_per_s, where="post", linewidth=0.8, label=name)
+    ax.set_xlabel(f"time (s from the first capture; {window_s:g} s windows of emission time)")
+    ax.set_ylabel("frames/s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=4)
+    ax.set_title("Throughput over time")
+    return _png(fig)
+
+
+def gpu_over_time(load: LoadTable, origin_ns: int) -> bytes | None:
+    """GPU utilization, memory, power and temperature; None without GPU columns."""
+    if load.gpu_count == 0 or not len(load):
+        return None
+    fig, axes = _figure((10.0, 6.0), rows=2, cols=2)
+    x = _seconds(load.t_ns, origin_ns)
+    panels: list[tuple[Any, str, list[tuple[str, str]]]] = [
+        (axes[0][0], "utilization (%)", [("util_pct", "SM"), ("mem_util_pct", "memory")]),
+        (axes[0][1], "memory used (MB)", [("mem_used_mb", "used")]),
+        (axes[1][0], "power (W)", [("power_w", "draw"), ("power_limit_w", "limit")]),
+        (axes[1][1], "temperature (C)", [("temperature_c", "GPU")]),
+    ]
+    for ax, ylabel, fields in panels:
+        for g in range(load.gpu_count):
+            for field, label in fields:
+                values = load.column(f"gpu{g}_{field}")
+                if values is not None and not np.all(np.isnan(values)):
+                    ax.plot(x, values, linewidth=1.0, label=f"GPU{g} {label}")
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("time (s from the first capture)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle("GPU load over time (NVML; utilization is averaged over 1/6 s to 1 s)")
+    return _png(fig)
+
+
+def cpu_over_time(load: LoadTable, origin_ns: int) -> bytes | None:
+    if not len(load):
+        return None
+    fig, axes = _figure((10.0, 3.6), cols=2)
+    x = _seconds(load.t_ns, origin_ns)
+    ax = axes[0][0]
+    for k in range(load.core_count):
+        values = load.column(f"cpu{k}_pct")
+        if values is not None:
+            ax.plot(x, values, linewidth=0.5, alpha=0.5, color="grey")
+    for column, label, color in (
+        ("system_cpu_pct", "all cores (100 = every core)", "black"),
+        ("process_cpu_pct", "this process (100 = one core)", "C0"),
+    ):
+        values = load.column(column)
+        if values is not None:
+            ax.plot(x, values, linewidth=1.2, label=label, color=color)
+    ax.set_ylabel("CPU (%) - grey: each core")
+    ax.set_xlabel("time (s from the first capture)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax2 = axes[0][1]
+    rss = load.column("process_rss_mb")
+    if rss is not None:
+        ax2.plot(x, rss, color="C2")
+    ax2.set_ylabel("process RSS (MB)")
+    ax2.set_xlabel("time (s from the first capture)")
+    ax2.grid(alpha=0.3)
+    fig.suptitle("CPU and memory over time")
+    return _png(fig)
+
+
+def batch_fill_plot(size_counts: dict[str, int], cameras: int) -> bytes:
+    fig, axes = _figure((5.0, 2.6))
+    ax = axes[0][0]
+    sizes = list(range(1, max(cameras, 1) + 1))
+    ax.bar(sizes, [size_counts.get(str(s), 0) for s in sizes], color="C0")
+    ax.set_xlabel("cameras in the batch")
+    ax.set_ylabel("batches")
+    ax.set_xticks(sizes)
+    ax.set_title("Batch fill")
+    return _png(fig)

@@ -1,0 +1,265 @@
+"""Reading a run folder back: run.json, frames.csv and load.csv, whatever state they are in.
+
+A run that was killed mid-way, a line cut short, a file someone edited: the reader keeps every
+row it can parse and names each problem (file, line, what was wrong), so the report covers
+what is there and says what is not. Only a folder with nothing to report on is an error.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drivepercept.errors import DrivePerceptError
+from drivepercept.telemetry.stats import FloatArray, IntArray
+from drivepercept.telemetry.timeline import STAMPS, Timeline, fill_missing_stamps
+
+RUN_JSON = "run.json"
+FRAMES_CSV = "frames.csv"
+LOAD_CSV = "load.csv"
+MAX_LISTED_PROBLEMS = 5  # per file; the rest are counted
+
+_INT_COLUMNS = ("camera_index", "frame_index", "batch_index", "batch_size", "detections")
+_REQUIRED = ("camera", *_INT_COLUMNS[:4], "capture_ns", "emitted_ns")
+
+
+class ReportError(DrivePerceptError):
+    """The folder cannot be reported on at all (missing, not a run folder, no frames file)."""
+
+
+@dataclass(frozen=True, eq=False)
+class LoadTable:
+    """load.csv as columns (NaN where a value was empty)."""
+
+    t_ns: IntArray
+    columns: dict[str, FloatArray]
+
+    def __len__(self) -> int:
+        return int(self.t_ns.shape[0])
+
+    def column(self, name: str) -> FloatArray | None:
+        return self.columns.get(name)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(1 for name in self.columns if name.endswith("_util_pct") and name[3:4].isdigit())
+
+    @property
+    def core_count(self) -> int:
+        return sum(1 for name in self.columns if name.startswith("cpu") and name.endswith("_pct"))
+
+
+@dataclass(frozen=True, eq=False)
+class RunData:
+    """Everything the report needs from a run folder, and what was wrong with it."""
+
+    run_dir: Path
+    run: dict[str, Any]  # run.json ({} when missing or unreadable)
+    timeline: Timeline
+    load: LoadTable | None
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def status(self) -> str:
+        return str(self.run.get("status", "unknown"))
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self._per_file: dict[str, int] = {}
+
+    def add(self, text: str, *, file: str | None = None) -> None:
+        if file is not None:
+            n = self._per_file.get(file, 0) + 1
+            self._per_file[file] = n
+            if n > MAX_LISTED_PROBLEMS:
+                return
+        self.items.append(text)
+
+    def finish(self) -> tuple[str, ...]:
+        out = list(self.items)
+        for file, n in self._per_file.items():
+            if n > MAX_LISTED_PROBLEMS:
+                out.append(f"{file}: {n - MAX_LISTED_PROBLEMS} more bad lines not listed")
+        return tuple(out)
+
+
+def _read_run_json(path: Path, problems: _Problems) -> dict[str, Any]:
+    if not path.is_file():
+        problems.add(f"{RUN_JSON} is missing: no config, environment or drop counts")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.add(f"{RUN_JSON} is unreadable ({type(exc).__name__}: {exc})")
+        return {}
+    if not isinstance(data, dict):
+        problems.add(f"{RUN_JSON} is not a JSON object")
+        return {}
+    status = data.get("status")
+    if status == "running":
+        problems.add(
+            f"the run did not finish ({RUN_JSON} still says 'running': killed, or still going)"
+        )
+    elif status == "failed":
+        problems.add(f"the run failed: {data.get('error', 'no error recorded')}")
+    return data
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines; a last line without its newline (a cut write) is left out."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    return lines[:-1]  # after the last "\n" there is "" (complete) or a cut line
+
+
+def _cut_tail(path: Path) -> bool:
+    data = path.read_bytes()
+    return bool(data) and not data.endswith(b"\n")
+
+
+def read_frames_csv(path: Path, problems: _Problems, cameras: list[str]) -> Timeline:
+    """frames.csv -> Timeline; bad rows are skipped and named. `cameras` (from run.json, in
+    camera-index order) is extended with names only seen in the file.
+
+    Raises:
+        ReportError: the file is missing, unreadable or has no usable header.
+    """
+    name = path.name
+    if not path.is_file():
+        raise ReportError(f"{path.parent} has no {name}: not a drivepercept run folder?")
+    try:
+        lines = _lines(path)
+        cut = _cut_tail(path)
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
+    if cut:
+        problems.add(f"{name}: the last line is cut short (the run was killed mid-write)")
+    if not lines:
+        raise ReportError(f"{path} is empty: no header, no frames")
+    header = next(csv.reader([lines[0]]))
+    missing = [c for c in _REQUIRED if c not in header]
+    if missing:
+        raise ReportError(f"{path} has no column(s) {missing}: not a drivepercept frames.csv")
+    col = {c: i for i, c in enumerate(header)}
+    stamp_cols = [s for s in STAMPS if f"{s}_ns" in col]
+    ints: dict[str, list[int]] = {c: [] for c in (*_INT_COLUMNS, *stamp_cols)}
+    names_by_index: dict[int, str] = dict(enumerate(cameras))
+    for lineno, row in enumerate(csv.reader(lines[1:]), start=2):
+        if not row:
+            continue
+        if len(row) != len(header):
+            problems.add(
+                f"{name} line {lineno}: expected {len(header)} fields, got {len(row)}; skipped",
+                file=name,
+            )
+            continue
+        try:
+            values = {c: int(row[col[c]]) if c in col else 0 for c in _INT_COLUMNS} | {
+                s: int(row[col[f"{s}_ns"]]) for s in stamp_cols
+            }
+        except ValueError as exc:
+            problems.add(f"{name} line {lineno}: {exc}; skipped", file=name)
+            continue
+        cam_index, cam = values["camera_index"], row[col["camera"]]
+        if not 0 <= cam_index < 10_000:
+            problems.add(f"{name} line {lineno}: camera_index {cam_index}; skipped", file=name)
+            continue
+        known = names_by_index.setdefault(cam_index, cam)
+        if known != cam:
+            problems.add(
+                f"{name} line {lineno}: camera {cam!r} at index {cam_index}, which is "
+                f"{known!r} elsewhere; skipped",
+                file=name,
+            )
+            continue
+        for c, v in values.items():
+            ints[c].append(v)
+    count = max(names_by_index, default=-1) + 1
+    names = tuple(names_by_index.get(i, f"camera{i}") for i in range(count))
+    arrays = {c: np.asarray(v, dtype=np.int64) for c, v in ints.items()}
+    stamps = fill_missing_stamps({s: arrays[s] for s in stamp_cols})
+    return Timeline(
+        cameras=names,
+        camera_index=arrays["camera_index"],
+        frame_index=arrays["frame_index"],
+        batch_index=arrays["batch_index"],
+        batch_size=arrays["batch_size"],
+        detections=arrays["detections"],
+        stamps=stamps,
+    )
+
+
+def read_load_csv(path: Path, problems: _Problems) -> LoadTable | None:
+    """load.csv -> LoadTable (None when the run had no sampler); bad rows skipped and named."""
+    name = path.name
+    if not path.is_file():
+        return None
+    try:
+        lines = _lines(path)
+    except OSError as exc:
+        problems.add(f"cannot read {path}: {exc.strerror}")
+        return None
+    if not lines:
+        return LoadTable(np.zeros(0, dtype=np.int64), {})
+    header = lines[0].split(",")
+    if not header or header[0] != "t_ns":
+        problems.add(f"{name}: no t_ns column; load samples ignored")
+        return None
+    t_ns: list[int] = []
+    rows: list[list[float]] = []
+    for lineno, line in enumerate(lines[1:], start=2):
+        fields = line.split(",")
+        if len(fields) != len(header):
+            problems.add(
+                f"{name} line {lineno}: expected {len(header)} fields, got {len(fields)}; skipped",
+                file=name,
+            )
+            continue
+        try:
+            t = int(fields[0])
+            values = [float(v) if v else math.nan for v in fields[1:]]
+        except ValueError as exc:
+            problems.add(f"{name} line {lineno}: {exc}; skipped", file=name)
+            continue
+        t_ns.append(t)
+        rows.append(values)
+    table = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(header) - 1)
+    return LoadTable(
+        t_ns=np.asarray(t_ns, dtype=np.int64),
+        columns={c: table[:, i] for i, c in enumerate(header[1:])},
+    )
+
+
+def load_run(run_dir: Path | str) -> RunData:
+    """Read a run folder.
+
+    Raises:
+        ReportError: the folder does not exist, is not a folder, or has no usable frames.csv.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise ReportError(f"run folder {run_dir} does not exist")
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir} is not a folder (give a run folder, e.g. runs/replay-...)")
+    problems = _Problems()
+    run = _read_run_json(run_dir / RUN_JSON, problems)
+    cameras = [str(s.get("camera")) for s in run.get("sources", []) if isinstance(s, dict)]
+    timeline = read_frames_csv(run_dir / FRAMES_CSV, problems, cameras)
+    load = read_load_csv(run_dir / LOAD_CSV, problems)
+    if not len(timeline):
+        problems.add(f"{FRAMES_CSV} holds no frames")
+    return RunData(
+        run_dir=run_dir, run=run, timeline=timeline, load=load, problems=problems.finish()
+    )

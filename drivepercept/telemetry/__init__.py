@@ -1,0 +1,65 @@
+"""Telemetry: the run's timeline (per-frame stage timestamps), the load sampler (`gpu-monitor`:
+NVML GPU load, CPU, memory) and the statistics over them, as small pure functions.
+
+Telemetry receives timestamps; it never reaches into the engine to get them.
+"""
+
+from __future__ import annotations
+
+from drivepercept.telemetry.sampler import (
+    DEFAULT_RATE_HZ,
+    GpuInfo,
+    GpuRef,
+    LoadSampler,
+    SamplerInfo,
+    throttle_names,
+)
+from drivepercept.telemetry.stats import (
+    BatchFill,
+    DeadlineMisses,
+    LatencyStats,
+    Windows,
+    batch_fill,
+    capture_spread_ms,
+    deadline_misses,
+    frame_index_gaps,
+    latency_stats,
+    rate_fps,
+    recent_window,
+    windowed_rate,
+)
+from drivepercept.telemetry.timeline import (
+    STAGE_SPANS,
+    STAMPS,
+    Span,
+    Timeline,
+    fill_missing_stamps,
+    timeline_from_results,
+)
+
+__all__ = [
+    "DEFAULT_RATE_HZ",
+    "STAGE_SPANS",
+    "STAMPS",
+    "BatchFill",
+    "DeadlineMisses",
+    "GpuInfo",
+    "GpuRef",
+    "LatencyStats",
+    "LoadSampler",
+    "SamplerInfo",
+    "Span",
+    "Timeline",
+    "Windows",
+    "batch_fill",
+    "capture_spread_ms",
+    "deadline_misses",
+    "fill_missing_stamps",
+    "frame_index_gaps",
+    "latency_stats",
+    "rate_fps",
+    "recent_window",
+    "throttle_names",
+    "timeline_from_results",
+    "windowed_rate",
+]

@@ -1,0 +1,205 @@
+"""Latency and throughput statistics: small pure functions over arrays, each tested by hand.
+
+Percentiles interpolate linearly between the two closest ranks (numpy's default, the same
+method as Triton's perf_analyzer reports use): the p95 of [10, 20, 30, 40, 50] is 48.0.
+An empty input gives a count of 0 and NaN statistics (written as null in JSON), never a made-up
+zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Summary of a set of durations in milliseconds."""
+
+    count: int
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+
+    def as_dict(self, digits: int = 3) -> dict[str, float | int | None]:
+        """JSON-ready: NaN becomes None (null)."""
+        out: dict[str, float | int | None] = {"count": self.count}
+        for key in ("mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms"):
+            value = float(getattr(self, key))
+            out[key] = None if math.isnan(value) else round(value, digits)
+        return out
+
+
+def latency_stats(values_ms: Sequence[float] | FloatArray) -> LatencyStats:
+    """count, mean, p50, p90, p95, p99 and max of durations in milliseconds."""
+    arr = np.asarray(values_ms, dtype=np.float64).ravel()
+    if arr.size == 0:
+        nan = float("nan")
+        return LatencyStats(0, nan, nan, nan, nan, nan, nan)
+    p50, p90, p95, p99 = (float(v) for v in np.percentile(arr, PERCENTILES))
+    return LatencyStats(
+        count=int(arr.size),
+        mean_ms=float(arr.mean()),
+        p50_ms=p50,
+        p90_ms=p90,
+        p95_ms=p95,
+        p99_ms=p99,
+        max_ms=float(arr.max()),
+    )
+
+
+def span_ms(start_ns: IntArray, end_ns: IntArray) -> FloatArray:
+    """Element-wise duration end - start, in milliseconds."""
+    return (np.asarray(end_ns, dtype=np.int64) - np.asarray(start_ns, dtype=np.int64)) / 1e6
+
+
+def rate_fps(count: int, first_ns: int, last_ns: int) -> float:
+    """Events per second over [first, last]; 0.0 for an empty or zero-length span."""
+    span_s = (last_ns - first_ns) / 1e9
+    return count / span_s if count and span_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Event rate in consecutive time windows: window k covers [start_s[k], start_s[k] + width)."""
+
+    start_s: FloatArray  # window starts, seconds after the reference time
+    counts: IntArray
+    rate_per_s: FloatArray  # counts / the window's length (the last window may be shorter)
+
+
+def windowed_rate(
+    times_ns: IntArray | Sequence[int], *, origin_ns: int, end_ns: int, window_s: float = 1.0
+) -> Windows:
+    """How many events fall in each `window_s` window from origin to end, and their rate.
+
+    The last window is cut at `end_ns`; its rate divides by its real length, so a run that
+    ends 0.2 s into a window does not look slow. Events outside [origin, end] are ignored.
+    """
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    span_ns = end_ns - origin_ns
+    if span_ns <= 0:
+        return Windows(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0))
+    width_ns = round(window_s * 1e9)
+    n = max(1, math.ceil(span_ns / width_ns))
+    times = np.asarray(times_ns, dtype=np.int64)
+    times = times[(times >= origin_ns) & (times <= end_ns)]
+    index = np.minimum((times - origin_ns) // width_ns, n - 1)
+    counts = np.bincount(index, minlength=n).astype(np.int64)
+    lengths_s = np.full(n, window_s)
+    lengths_s[-1] = (span_ns - (n - 1) * width_ns) / 1e9
+    rate = np.divide(counts, lengths_s, out=np.zeros(n, dtype=np.float64), where=lengths_s > 0)
+    return Windows(
+        start_s=np.arange(n, dtype=np.float64) * window_s, counts=counts, rate_per_s=rate
+    )
+
+
+def frame_index_gaps(frame_indices: IntArray | Sequence[int]) -> int:
+    """Frames missing from one camera's processed frame indices (source frames start at 0).
+
+    Counts the indices below the first processed one and the holes between processed ones;
+    frames dropped after the last processed one cannot be seen here. Duplicates are ignored.
+    """
+    idx = np.unique(np.asarray(frame_indices, dtype=np.int64))
+    if idx.size == 0:
+        return 0
+    return int(idx[-1] + 1 - idx.size)
+
+
+@dataclass(frozen=True)
+class DeadlineMisses:
+    budget_ms: float
+    frames: int
+    misses: int
+
+    @property
+    def rate(self) -> float:
+        """Share of frames over budget (0.0 with no frames)."""
+        return self.misses / self.frames if self.frames else 0.0
+
+
+def deadline_misses(values_ms: Sequence[float] | FloatArray, budget_ms: float) -> DeadlineMisses:
+    """Frames whose latency is strictly over the budget (exactly on budget is in time)."""
+    if not budget_ms > 0:
+        raise ValueError(f"budget_ms must be > 0, got {budget_ms}")
+    arr = np.asarray(values_ms, dtype=np.float64)
+    return DeadlineMisses(
+        budget_ms=budget_ms, frames=int(arr.size), misses=int((arr > budget_ms).sum())
+    )
+
+
+@dataclass(frozen=True)
+class BatchFill:
+    """How full the batches were: cameras per batch against the rig's camera count."""
+
+    batches: int
+    cameras: int
+    mean_size: float
+    full_share: float  # batches holding every camera
+    size_counts: dict[int, int]  # batch size -> how many batches
+
+
+def batch_fill(
+    batch_index: IntArray | Sequence[int], batch_size: IntArray | Sequence[int], *, cameras: int
+) -> BatchFill:
+    """Batch fill from per-frame rows (batch_index, batch_size): one entry per distinct batch."""
+    idx = np.asarray(batch_index, dtype=np.int64)
+    size = np.asarray(batch_size, dtype=np.int64)
+    if idx.size == 0:
+        return BatchFill(0, cameras, float("nan"), float("nan"), {})
+    _, first = np.unique(idx, return_index=True)
+    sizes = size[first]
+    values, counts = np.unique(sizes, return_counts=True)
+    return BatchFill(
+        batches=int(sizes.size),
+        cameras=cameras,
+        mean_size=float(sizes.mean()),
+        full_share=float((sizes >= cameras).mean()),
+        size_counts={int(v): int(c) for v, c in zip(values, counts, strict=True)},
+    )
+
+
+def capture_spread_ms(
+    batch_index: IntArray | Sequence[int], capture_ns: IntArray | Sequence[int]
+) -> FloatArray:
+    """Per batch (in batch-index order): latest minus earliest capture time of its frames, ms.
+
+    How far apart in time the cameras' pictures in one batch were taken; a one-frame batch
+    has a spread of 0.
+    """
+    idx = np.asarray(batch_index, dtype=np.int64)
+    cap = np.asarray(capture_ns, dtype=np.int64)
+    if idx.size == 0:
+        return np.zeros(0)
+    order = np.lexsort((cap, idx))
+    idx, cap = idx[order], cap[order]
+    starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+    ends = np.r_[starts[1:], idx.size] - 1
+    return np.asarray((cap[ends] - cap[starts]) / 1e6, dtype=np.float64)
+
+
+def recent_window(
+    emitted_and_latency: Sequence[tuple[int, float]], *, now_ns: int, window_s: float
+) -> tuple[float, float]:
+    """(frames/s, p95 latency ms) of the frames emitted in the last `window_s` before now.
+
+    Input: (emitted_ns, latency_ms) pairs, oldest first. p95 is NaN with no frame in the window.
+    """
+    since = now_ns - int(window_s * 1e9)
+    lat = [ms for t, ms in emitted_and_latency if since < t <= now_ns]
+    if not lat:
+        return 0.0, float("nan")
+    return len(lat) / window_s, float(np.percentile(np.asarray(lat, dtype=np.float64), 95))
