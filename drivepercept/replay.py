@@ -203,7 +203,10 @@ def _close_all(readers: Sequence[FrameReader], sinks: Sequence[Sink | LoadCsvSin
 def _report(run_dir: Path, options: ReplayOptions) -> ReportResult | None:
     if not options.report_formats:
         return None
-    return write_report(run_dir, formats=options.report_formats, budget_ms=options.budget_ms)
+    started = time.monotonic()
+    report = write_report(run_dir, formats=options.report_formats, budget_ms=options.budget_ms)
+    log.info("report written in %.2f s", time.monotonic() - started)
+    return report
 
 
 def run_replay(

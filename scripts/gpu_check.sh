@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check in one run (well under 8 minutes on one GPU): the tests marked `cuda`
-# (pinned staging ring, slot reuse under load, copy/compute overlap, fp16/bf16) and
-# `drivepercept bench` on the GPU for two models and three precisions. Results go to $OUT
-# (default ./gpu_check_out). Exit status: non-zero if any check failed.
+# (pinned staging ring, slot reuse under load, copy/compute overlap, fp16/bf16, real NVML),
+# `drivepercept bench` on the GPU for two models and three precisions, two replays (fp32 and
+# fp16) with their latency reports and NVML load samples plus their comparison, and the load
+# sampler's cost (on vs off). Results go to $OUT (default ./gpu_check_out). Exit status:
+# non-zero if any check failed.
 #
 # On a machine with a package registry it installs the project with pip. On one without
 # (the lent GPU machine), put the pure-Python wheels it lacks into .whl/ first, e.g.
@@ -47,4 +49,27 @@ for model in ssdlite320_mobilenet_v3_large fasterrcnn_mobilenet_v3_large_320_fpn
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
 done
+# replays with the latency report; NVML must have sampled the GPU
+for precision in fp32 fp16; do
+    echo "== replay + report drivepercept-tiny $precision" | tee -a "$OUT/replay.txt"
+    timeout 120 python3 -m drivepercept replay sample_videos/rig.toml --device cuda \
+        --precision "$precision" --out "$OUT/runs" --name "gpu-$precision" --no-progress 2>&1 \
+        | tee -a "$OUT/replay.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    rm -f "$OUT/runs/gpu-$precision/detections.jsonl"  # large; not needed back
+done
+timeout 60 python3 -m drivepercept report "$OUT/runs/gpu-fp32" --compare "$OUT/runs/gpu-fp16" \
+    2>&1 | tee "$OUT/compare.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+python3 - "$OUT/runs/gpu-fp32/summary.json" <<'PY' 2>&1 | tee "$OUT/nvml.txt" || status=1
+import json, sys
+load = json.load(open(sys.argv[1]))["load"]
+print(json.dumps(load, indent=1))
+if load["gpu_unavailable"] or not load["gpus"] or load["gpus"][0]["util_pct"]["max"] is None:
+    sys.exit(f"gpu_check: no NVML figures: {load['gpu_unavailable']}")
+PY
+
+echo "== load sampler cost on the GPU" | tee "$OUT/sampler.txt"
+timeout 150 python3 scripts/bench_sampler.py --device cuda --rounds 3 2>&1 | tee -a "$OUT/sampler.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit "$status"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -168,3 +169,30 @@ def test_version_and_help() -> None:
     assert proc.returncode == 0 and "drivepercept" in proc.stdout
     proc = _run("simulate", "--help")
     assert proc.returncode == 0 and "examples:" in proc.stdout
+
+
+def test_status_line_shows_each_camera_and_the_load() -> None:
+    from drivepercept.cli import status_line
+    from drivepercept.pipeline import LiveView
+    from drivepercept.types import GpuSample, LoadSample
+
+    cpu = LoadSample(
+        t_ns=1,
+        process_cpu_pct=150.0,
+        system_cpu_pct=75.4,
+        per_core_cpu_pct=(70.0, 80.8),
+        process_rss_bytes=1 << 30,
+        system_mem_used_bytes=2 << 30,
+        system_mem_total_bytes=8 << 30,
+    )
+    view = LiveView(window_s=1.0, fps=(14.96, 0.0), p95_ms=(87.4, float("nan")), load=cpu)
+    assert status_line(view, ["front", "back"]) == (
+        "fps/p95 ms: front 15.0/87 back 0.0/- | CPU 75% of 2 cores"
+    )
+    gpu = GpuSample(
+        0, 93.0, 40.0, 3.0 * 2**30, 80.0 * 2**30, 250.0, 700.0, 60.0, 1980.0, 2619.0, 0.0, 0.0, 0
+    )
+    view = LiveView(
+        window_s=1.0, fps=(30.0,), p95_ms=(20.0,), load=dataclasses.replace(cpu, gpus=(gpu,))
+    )
+    assert status_line(view, ["front"]) == "fps/p95 ms: front 30.0/20 | GPU0 93% 3072 MB"

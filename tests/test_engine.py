@@ -71,7 +71,9 @@ class Collect:
 def no_threads_left() -> Iterator[None]:
     yield
     assert not [
-        t.name for t in threading.enumerate() if t.name.startswith(("decode-", "batcher", "engine"))
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith(("decode-", "batcher", "engine", "gpu-monitor"))
     ]
 
 

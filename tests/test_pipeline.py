@@ -19,7 +19,7 @@ from drivepercept.types import FrameResult
 
 pytestmark = pytest.mark.timeout(60)
 
-STAGE_THREADS = ("decode-", "batcher", "engine")
+STAGE_THREADS = ("decode-", "batcher", "engine", "gpu-monitor")
 
 
 def _stage_threads() -> list[str]:
@@ -289,3 +289,58 @@ def test_results_after_the_join_budget_are_dropped_not_written_to_closed_sinks()
         t.join(timeout=10)
     assert sink.closed
     assert len(sink.results) == sum(p.frames_done())
+
+
+def test_live_view_and_load_samples_while_running() -> None:
+    # given two cameras paced at about 50 fps and a 20 Hz load sampler
+    class Loads:
+        def __init__(self) -> None:
+            self.samples: list[object] = []
+            self.closed = False
+
+        def write(self, sample: object) -> None:
+            self.samples.append(sample)
+
+        def close(self) -> None:
+            self.closed = True
+
+    loads = Loads()
+    views = []
+
+    def progress(p: Pipeline) -> None:
+        views.append(p.live_view(window_s=0.5))
+
+    with Pipeline(
+        cameras=[
+            ("a", FakeReader(frames=40, pace_s=0.02)),
+            ("b", FakeReader(frames=40, pace_s=0.02)),
+        ],
+        detector=make_oracle(size=(64, 64), boxes=[[1, 1, 9, 9]]),
+        config=_cpu(sample_hz=20.0),
+        load_sinks=[loads],
+    ) as pipeline:
+        assert pipeline.sampler is not None
+        assert pipeline.sampler.thread.name == "gpu-monitor"
+        stats = pipeline.run(progress=progress, progress_interval_s=0.2)
+    # then the live view saw both cameras at a plausible rate with a latency figure
+    assert stats.frames == 80
+    busy = [v for v in views if min(v.fps) > 0]
+    assert busy, views
+    # (the first views cover the start-up, later ones a full window of ~50 fps per camera)
+    assert any(all(30 <= fps <= 70 for fps in v.fps) for v in busy), [v.fps for v in views]
+    assert all(fps <= 70 for v in busy for fps in v.fps)
+    assert all(p95 > 0 for v in busy for p95 in v.p95_ms)
+    assert any(v.load is not None for v in views)
+    # and the load sink got samples on the sampler thread and was closed with the run
+    assert len(loads.samples) >= 5 and loads.closed
+
+
+def test_no_sampler_thread_when_sampling_is_off() -> None:
+    with Pipeline(
+        cameras=[("a", FakeReader(frames=3))],
+        detector=make_oracle(size=(64, 64), boxes=[]),
+        config=_cpu(sample_hz=0.0),
+    ) as pipeline:
+        assert pipeline.sampler is None
+        pipeline.run()
+        assert pipeline.live_view().load is None

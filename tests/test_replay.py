@@ -31,7 +31,9 @@ def no_threads_left() -> Iterator[None]:
     """In-process replays must stop and join every pipeline thread."""
     yield
     left = [
-        t.name for t in threading.enumerate() if t.name.startswith(("decode-", "batcher", "engine"))
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith(("decode-", "batcher", "engine", "gpu-monitor"))
     ]
     assert left == []
 

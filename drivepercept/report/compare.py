@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from drivepercept.report import plots
 from drivepercept.report.html import CSS, esc, fmt, image, kv_table, table
@@ -102,8 +101,8 @@ def comparison_text(a: dict[str, Any], b: dict[str, Any]) -> str:
 
 
 def _overlay_cdf(a: RunData, b: RunData, budget_ms: float) -> bytes:
-    fig = Figure(figsize=(10.0, 3.6), layout="constrained")
-    ax = fig.subplots()
+    fig, axes = plots._figure()
+    ax = axes[0][0]
     for label, data in (("A " + a.name, a), ("B " + b.name, b)):
         values = np.sort(data.timeline.end_to_end_ms)
         if values.size:

@@ -157,9 +157,7 @@ def _mm(stats: dict[str, Any]) -> list[str]:
 def kv_table(mapping: dict[str, Any] | None) -> str:
     if not mapping:
         return "<p class='note'>not recorded</p>"
-    rows = [
-        [k, esc(json.dumps(v) if isinstance(v, (dict, list)) else v)] for k, v in mapping.items()
-    ]
+    rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in mapping.items()]
     return table(["key", "value"], rows, left=2)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,11 @@ class LoadTable:
 
     @property
     def gpu_count(self) -> int:
-        return sum(1 for name in self.columns if name.endswith("_util_pct") and name[3:4].isdigit())
+        return sum(1 for name in self.columns if re.fullmatch(r"gpu\d+_util_pct", name))
 
     @property
     def core_count(self) -> int:
-        return sum(1 for name in self.columns if name.startswith("cpu") and name.endswith("_pct"))
+        return sum(1 for name in self.columns if re.fullmatch(r"cpu\d+_pct", name))
 
 
 @dataclass(frozen=True, eq=False)

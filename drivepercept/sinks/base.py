@@ -7,7 +7,8 @@ files however the run ends, which is why the pipeline closes sinks in a `finally
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from types import TracebackType
+from typing import Protocol, TypeVar, runtime_checkable
 
 from drivepercept.types import FrameResult, ImageU8, LoadSample
 
@@ -44,3 +45,24 @@ class LoadSink(Protocol):
 
     def close(self) -> None:
         """Finish the output; a second call does nothing."""
+
+
+_C = TypeVar("_C", bound="ClosingSink")
+
+
+class ClosingSink:
+    """Mixin: a sink is a context manager that calls its `close()` on the way out."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -17,13 +17,13 @@ import json
 import logging
 import math
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from drivepercept.sinks._lines import LineFile
+from drivepercept.sinks.base import ClosingSink
 from drivepercept.types import FrameResult
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def frame_record(result: FrameResult) -> dict[str, Any]:
     }
 
 
-class DetectionsJsonlSink:
+class DetectionsJsonlSink(ClosingSink):
     """Writes `frame_record(result)` as one line per camera frame to `path`.
 
     Lines are buffered and written in whole-line chunks (see `drivepercept.sinks._lines`), so
@@ -102,14 +102,3 @@ class DetectionsJsonlSink:
     def close(self) -> None:
         """Write what is buffered and close the file; closing twice is safe."""
         self._file.close()
-
-    def __enter__(self) -> DetectionsJsonlSink:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 import threading
 from pathlib import Path
-from types import TracebackType
 
 from drivepercept.sinks._lines import LineFile
+from drivepercept.sinks.base import ClosingSink
 from drivepercept.types import GpuSample, LoadSample
 
 LOAD_CSV = "load.csv"
@@ -95,7 +95,7 @@ def load_row(sample: LoadSample, *, cores: int, gpus: int) -> list[str]:
     return row
 
 
-class LoadCsvSink:
+class LoadCsvSink(ClosingSink):
     """Writes `load.csv` (see the module docstring); valid CSV once the first sample is in.
 
     The header's width (cores, GPUs) is taken from the first sample; a run that closes before
@@ -140,14 +140,3 @@ class LoadCsvSink:
             if not self._file.closed and self.cores is None:
                 self._header(cores=0, gpus=0)
             self._file.close()
-
-    def __enter__(self) -> LoadCsvSink:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

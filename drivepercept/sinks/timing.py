@@ -14,9 +14,9 @@ import csv
 import dataclasses
 import logging
 from pathlib import Path
-from types import TracebackType
 
 from drivepercept.sinks._lines import LineFile
+from drivepercept.sinks.base import ClosingSink
 from drivepercept.types import STAGES, FrameResult, FrameTiming
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class _Row:
         return line
 
 
-class FrameTimingCsvSink:
+class FrameTimingCsvSink(ClosingSink):
     """Writes one `frames.csv` row per camera frame (see the module docstring).
 
     The header is written at once; rows are buffered and written in whole-row chunks, so the
@@ -123,14 +123,3 @@ class FrameTimingCsvSink:
     def close(self) -> None:
         """Write what is buffered and close the file; closing twice is safe."""
         self._file.close()
-
-    def __enter__(self) -> FrameTimingCsvSink:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -25,13 +25,13 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
 import cv2
 import numpy as np
 
 from drivepercept.errors import OutputError
 from drivepercept.sinks._lines import reason
+from drivepercept.sinks.base import ClosingSink
 from drivepercept.types import Detections, FrameResult, ImageU8
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ class _VideoFile:
             log.debug("closed %s (%d frames)", self.path, self.frames)
 
 
-class AnnotatedVideoSink:
+class AnnotatedVideoSink(ClosingSink):
     """Writes annotated MP4s, per camera or as one mosaic (see the module docstring).
 
     Args:
@@ -389,14 +389,3 @@ class AnnotatedVideoSink:
         finally:
             for video in self._all_videos():
                 video.close()
-
-    def __enter__(self) -> AnnotatedVideoSink:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
