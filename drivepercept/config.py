@@ -132,12 +132,13 @@ class CameraConfig:
     """One camera of a rig. Geometry is optional for recorded rigs, required for simulation."""
 
     name: str
-    video: Path | None = None
+    video: Path | None = None  # a recorded video file
     fps: float | None = None
     width: int | None = None
     height: int | None = None
     intrinsics: Intrinsics | None = None
     extrinsics: Extrinsics | None = None
+    source: str | None = None  # a live source: device index, /dev/videoN or stream URL
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -189,7 +190,7 @@ class RigConfig:
 
 # --------------------------------------------------------------------------- reading
 
-_CAMERA_KEYS = {"name", "video", "fps", "width", "height", "intrinsics", "extrinsics"}
+_CAMERA_KEYS = {"name", "video", "source", "fps", "width", "height", "intrinsics", "extrinsics"}
 
 
 def _table(value: object, where: str) -> Mapping[str, Any]:
@@ -246,6 +247,9 @@ def _camera_from_table(raw: object, index: int, base_dir: Path) -> CameraConfig:
         video = Path(table["video"])
         if not video.is_absolute():
             video = base_dir / video
+    source = table.get("source")
+    if source is not None and (not isinstance(source, str) or not source):
+        raise ConfigError(f"{where}: source must be a device or URL string, got {source!r}")
     fps = _number(table, "fps", where) if "fps" in table else None
     width = _integer(table, "width", where) if "width" in table else None
     height = _integer(table, "height", where) if "height" in table else None
@@ -279,6 +283,7 @@ def _camera_from_table(raw: object, index: int, base_dir: Path) -> CameraConfig:
         height=height,
         intrinsics=intrinsics,
         extrinsics=extrinsics,
+        source=source,
     )
 
 
@@ -313,6 +318,8 @@ def _camera_to_table(camera: CameraConfig, base_dir: Path) -> dict[str, Any]:
         with contextlib.suppress(ValueError):
             video = video.resolve().relative_to(base_dir.resolve())
         table["video"] = video.as_posix()
+    if camera.source is not None:
+        table["source"] = camera.source
     if camera.fps is not None:
         table["fps"] = camera.fps
     if camera.width is not None and camera.height is not None:
@@ -434,7 +441,8 @@ class PipelineConfig:
             fp16/bf16, and for MobileNet-style models on CPUs too: 35 vs 55 ms a frame for
             ssdlite at batch 1 on the 2-core development machine).
         score_threshold, iou_threshold, max_detections: post-processing.
-        ring_slots: staging buffers (>= max_in_flight + 1).
+        ring_slots: staging buffers (>= max_in_flight; one more lets the next batch be staged
+            while the last is in flight).
         max_in_flight: batches submitted to the device and not yet completed.
         max_frames: stop each camera after this many frames (0 = all).
         sample_hz: load samples (GPU through NVML, CPU, memory) per second; 0 = no sampler.
@@ -477,9 +485,9 @@ class PipelineConfig:
             raise ConfigError(f"max_detections must be 1..10000, got {self.max_detections}")
         if not 1 <= self.max_in_flight <= 16:
             raise ConfigError(f"max_in_flight must be 1..16, got {self.max_in_flight}")
-        if self.ring_slots < self.max_in_flight + 1:
+        if self.ring_slots < self.max_in_flight:
             raise ConfigError(
-                f"ring_slots must be at least max_in_flight + 1 = {self.max_in_flight + 1}, "
+                f"ring_slots must be at least max_in_flight = {self.max_in_flight}, "
                 f"got {self.ring_slots}"
             )
         if self.max_frames < 0:
@@ -495,3 +503,39 @@ def load_pipeline_toml(path: str | Path) -> dict[str, Any]:
     """
     data = read_toml(Path(path), what="config file")
     return dict(data.get("replay", data))
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """How a live camera retries after a failed open or read (exponential backoff).
+
+    Attributes:
+        initial_s: the first wait before a retry.
+        max_s: the longest wait between retries (the wait doubles up to it).
+        max_attempts: failed attempts in a row before the camera is `failed` for good
+            (0 = retry forever).
+        open_timeout_s: how long one open of a network stream may take.
+        read_timeout_s: how long one read may block before the stream counts as lost.
+    """
+
+    initial_s: float = 0.25
+    max_s: float = 4.0
+    max_attempts: int = 8
+    open_timeout_s: float = 5.0
+    read_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("initial_s", "max_s", "open_timeout_s", "read_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 < value <= 3600.0):
+                raise ConfigError(f"reconnect {name} must be in (0, 3600] s, got {value:g}")
+        if self.max_s < self.initial_s:
+            raise ConfigError(
+                f"reconnect max_s ({self.max_s:g}) must be >= initial_s ({self.initial_s:g})"
+            )
+        if not 0 <= self.max_attempts <= 1_000_000:
+            raise ConfigError(f"reconnect max_attempts must be >= 0, got {self.max_attempts}")
+
+    def delay_s(self, attempt: int) -> float:
+        """The wait before retry number `attempt` (1, 2, ...): initial, doubled, capped."""
+        return float(min(self.max_s, self.initial_s * 2.0 ** max(0, attempt - 1)))

@@ -14,7 +14,7 @@ from fakereaders import FakeReader
 from drivepercept.config import PipelineConfig
 from drivepercept.models.base import Detector, InputSpec
 from drivepercept.models.oracle import make_oracle
-from drivepercept.pipeline import JOIN_TIMEOUT_S, Pipeline, PipelineError
+from drivepercept.pipeline import DRAIN_TIMEOUT_S, JOIN_TIMEOUT_S, Pipeline, PipelineError
 from drivepercept.types import FrameResult
 
 pytestmark = pytest.mark.timeout(60)
@@ -259,7 +259,7 @@ def test_results_after_the_join_budget_are_dropped_not_written_to_closed_sinks()
     # given a model so slow that the engine overruns the shutdown budget
     class Slow(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-            time.sleep(JOIN_TIMEOUT_S + 1.0)
+            time.sleep(DRAIN_TIMEOUT_S + JOIN_TIMEOUT_S + 1.0)
             return [
                 {
                     "boxes": torch.zeros((0, 4)),

@@ -132,6 +132,11 @@ class InferenceEngine:
         self._copy_stream = _new_stream(device) if self.cuda else None
         self._compute_stream = _new_stream(device) if self.cuda else None
         self._in_flight: queue.Queue[_InFlight | None] = queue.Queue(maxsize=config.max_in_flight)
+        # On the CPU a staging slot is free once its float copy is taken, and replay lets the
+        # batcher refill it during compute. Live (drop_oldest) keeps it until compute ends:
+        # the batcher then takes each camera's newest frame just when the engine is free,
+        # instead of a batch that ages a whole inference while it waits.
+        self._release_early = config.drop_policy == "block"
         self._submit = threading.Thread(
             target=self._guard(self._run_submit), name="engine", daemon=True
         )
@@ -194,7 +199,7 @@ class InferenceEngine:
             x = to_model_input(
                 staged.device_u8, mean=self._mean, std=self._std, channels_last=cfg.channels_last
             )
-            if not self.cuda:
+            if not self.cuda and self._release_early:
                 # the float copy is taken: the staging slot can be refilled right away
                 self.ring.release(staged.batch.slot)
             with autocast(self.config.precision, self.device):
@@ -219,6 +224,8 @@ class InferenceEngine:
                 flight.done.record()
             else:
                 flight.times_ns["postprocessed"] = time.monotonic_ns()
+                if not self._release_early:
+                    self.ring.release(staged.batch.slot)
         return flight
 
     def _batches(self) -> Iterator[Batch]:
@@ -239,6 +246,13 @@ class InferenceEngine:
         try:
             for batch in self._batches():
                 staged = self._upload(batch)  # batch n+1's copy starts before batch n's compute
+                if not self.cuda:
+                    # no copy engine to overlap with: a batch held back would only wait
+                    self._hand_on(self._compute(staged, count % len(self._out)))
+                    count += 1
+                    if self.stop.is_set():
+                        break
+                    continue
                 if pending is not None:
                     self._hand_on(self._compute(pending, count % len(self._out)))
                     count += 1
