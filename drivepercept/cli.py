@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from drivepercept.errors import ConfigError, DrivePerceptError, one_line
 
 if TYPE_CHECKING:
     from drivepercept.pipeline import LiveView, Pipeline
-    from drivepercept.replay import ReplayResult
+    from drivepercept.replay import ReplayOptions, ReplayResult
     from drivepercept.report import ReportResult
 
 log = logging.getLogger("drivepercept")
@@ -78,6 +79,21 @@ Ground truth less visible than --min-visibility or lower than --min-height-px pi
 "ignore" region: detecting it is not rewarded, missing it is not punished. Writes eval.json
 into the run folder next to the replay outputs and prints mAP@[.5:.95], mAP@.5, per-class
 and per-camera AP and recall.
+"""
+
+_LIVE_EPILOG = """\
+examples:
+  drivepercept serve-cameras sample_videos/rig.toml --port 8554 &   # simulated cameras
+  drivepercept live --camera front=http://127.0.0.1:8554/front.mjpg \\
+      --camera back=http://127.0.0.1:8554/back.mjpg --duration 30
+  drivepercept live --camera dash=0 --device cuda --precision fp16 --metrics-port 9100
+  drivepercept live cameras.toml       # [[camera]] tables with name and source
+
+Each camera keeps only its newest frame (queue of 1, drop_oldest; --queue-capacity 2 allows
+one more); every dropped frame is counted. A camera whose stream fails goes to
+"reconnecting" and retries with exponential backoff while the others carry on; after
+--reconnect-attempts failures in a row it is "failed". Ctrl-C or SIGTERM stops capture,
+drains what is in flight and writes every output and the report.
 """
 
 _REPORT_EPILOG = """\
@@ -185,30 +201,33 @@ def _build_parser() -> _Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_model_args(rep)
-    rep.add_argument("--out", type=Path, help="folder for run folders (default runs/)")
-    rep.add_argument("--name", help="run folder name (default replay-<date>-<time>)")
     rep.add_argument(
-        "--save-video",
-        action="store_const",
-        const=True,
-        help="also write annotated videos, one per camera",
+        "--realtime",
+        action="store_true",
+        help="pace the videos at their frame rate and use the live policies (latest frame "
+        "wins, drops counted): does this model and device keep up with the rig?",
     )
-    rep.add_argument(
-        "--mosaic",
-        action="store_const",
-        const=True,
-        help="with --save-video: one tiled video of all cameras instead",
-    )
-    _add_report_args(rep)
-    rep.add_argument(
-        "--no-report",
-        action="store_const",
-        const="",
-        dest="report",
-        help="skip the latency report (it can be written later with drivepercept report)",
-    )
-    rep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_run_args(rep, default_name="replay-<date>-<time>")
     rep.set_defaults(handler=_cmd_replay)
+
+    liv = sub.add_parser(
+        "live",
+        help="run detection on live cameras and streams (device index, /dev/video, URL)",
+        description="Detect on live cameras: the newest frame of each camera, flat latency, "
+        "every drop counted, dead cameras reconnected while the others carry on.",
+        epilog=_LIVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_args(liv)
+    liv.add_argument(
+        "--camera",
+        action="append",
+        default=[],
+        metavar="NAME=SOURCE",
+        help="a camera: NAME=0, NAME=/dev/video0 or NAME=rtsp://... (repeat for each)",
+    )
+    _add_run_args(liv, default_name="live-<date>-<time>")
+    liv.set_defaults(handler=_cmd_live, realtime=False)
 
     ev = sub.add_parser(
         "eval",
@@ -289,6 +308,64 @@ def _build_parser() -> _Parser:
     )
     rpt.set_defaults(handler=_cmd_report)
     return parser
+
+
+def _add_run_args(p: argparse.ArgumentParser, *, default_name: str) -> None:
+    """Outputs, report, live options: the flags replay and live share."""
+    p.add_argument("--out", type=Path, help="folder for run folders (default runs/)")
+    p.add_argument("--name", help=f"run folder name (default {default_name})")
+    p.add_argument(
+        "--save-video",
+        action="store_const",
+        const=True,
+        help="also write annotated videos, one per camera",
+    )
+    p.add_argument(
+        "--mosaic",
+        action="store_const",
+        const=True,
+        help="with --save-video: one tiled video of all cameras instead",
+    )
+    _add_report_args(p)
+    p.add_argument(
+        "--no-report",
+        action="store_const",
+        const="",
+        dest="report",
+        help="skip the latency report (it can be written later with drivepercept report)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics during the run",
+    )
+    p.add_argument(
+        "--metrics-linger-s",
+        type=float,
+        default=0.0,
+        help="keep /metrics up this long after the run, for a last scrape (default 0)",
+    )
+    p.add_argument(
+        "--reconnect-initial-s",
+        type=float,
+        default=0.25,
+        help="live: first wait before reconnecting (doubles up to --reconnect-max-s)",
+    )
+    p.add_argument("--reconnect-max-s", type=float, default=4.0, help="live: longest wait (4)")
+    p.add_argument(
+        "--reconnect-attempts",
+        type=int,
+        default=8,
+        help="live: failures in a row before a camera is failed for good, 0 = never (8)",
+    )
+    p.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=2.0,
+        help="live: a stream silent this long counts as lost (default 2)",
+    )
 
 
 def _add_report_args(p: argparse.ArgumentParser) -> None:
@@ -480,9 +557,11 @@ def _summary_table(result: ReplayResult) -> str:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from drivepercept.replay import ReplayOptions, resolve_cameras, run_replay
+    from drivepercept.replay import ReplayOptions, resolve_cameras
 
     sources, settings = _options(args)
+    if args.realtime:
+        _live_defaults(settings)
     options = ReplayOptions(
         sources=sources,
         model=settings.get("model", DEFAULT_MODEL),
@@ -492,16 +571,15 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         name=settings.get("name"),
         save_video=bool(settings.get("save_video", False)),
         mosaic=bool(settings.get("mosaic", False)),
+        mode="realtime" if args.realtime else "replay",
         **_report_options(settings),
+        **_live_options(args),
     )
     resolve_cameras(options.sources)  # fail fast on bad sources, before loading a model
-    bar = _Progress(enabled=not args.no_progress and sys.stderr.isatty(), log_status=args.verbose)
-    result = run_replay(options, progress=bar)
-    bar.finish()
-    print(_summary_table(result))
-    print(f"run folder: {result.run_dir}")
-    if result.report is not None:
-        _print_report(result.report)
+    result = _run_with_progress(args, options)
+    if result.error:
+        print(f"drivepercept {args.command}: error: {result.error}", file=sys.stderr)
+        return EXIT_ERROR
     if result.stats.interrupted:
         print("interrupted: outputs hold the frames processed so far", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -511,6 +589,96 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(
             f"drivepercept replay: error: video ended early (truncated?): {what}; every "
             f"decodable frame was processed, see {result.run_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _live_defaults(settings: dict[str, Any]) -> None:
+    """Live policies: the newest frame of each camera, drops counted, and no batch waiting
+    behind the ones in flight (on a CPU, where nothing overlaps, one batch in flight)."""
+    from drivepercept.engine.device import resolve_device
+
+    settings.setdefault("drop_policy", "drop_oldest")
+    settings.setdefault("queue_capacity", 1)
+    cpu = resolve_device(settings.get("device", "auto")).type == "cpu"
+    settings.setdefault("max_in_flight", 1 if cpu else 2)
+    settings.setdefault("ring_slots", settings["max_in_flight"] + (0 if cpu else 1))
+
+
+def _live_options(args: argparse.Namespace) -> dict[str, Any]:
+    from drivepercept.config import ReconnectPolicy
+
+    if args.metrics_linger_s < 0:
+        raise ConfigError(f"--metrics-linger-s must be >= 0, got {args.metrics_linger_s:g}")
+    return {
+        "duration_s": args.duration,
+        "metrics_port": args.metrics_port,
+        "metrics_linger_s": args.metrics_linger_s,
+        "reconnect": ReconnectPolicy(
+            initial_s=args.reconnect_initial_s,
+            max_s=args.reconnect_max_s,
+            max_attempts=args.reconnect_attempts,
+            read_timeout_s=args.read_timeout_s,
+        ),
+    }
+
+
+def _run_with_progress(args: argparse.Namespace, options: ReplayOptions) -> ReplayResult:
+    """Run with the progress display; SIGTERM stops it like Ctrl-C (drain, then outputs)."""
+    from drivepercept.replay import run_replay
+
+    bar = _Progress(enabled=not args.no_progress and sys.stderr.isatty(), log_status=args.verbose)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        result = run_replay(options, progress=bar)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    bar.finish()
+    print(_summary_table(result))
+    print(f"run folder: {result.run_dir}")
+    if result.report is not None:
+        _print_report(result.report)
+    return result
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _cmd_live(args: argparse.Namespace) -> int:
+    from drivepercept.replay import ReplayOptions, resolve_live_cameras
+
+    args.sources = [*(args.sources or []), *args.camera]
+    items, settings = _options(args)
+    _live_defaults(settings)
+    cams = resolve_live_cameras(items)
+    options = ReplayOptions(
+        sources=items,
+        cameras=cams,
+        model=settings.get("model", DEFAULT_MODEL),
+        weights=settings.get("weights", "DEFAULT"),
+        pipeline=_pipeline_config(settings),
+        out_root=Path(settings.get("out", "runs")),
+        name=settings.get("name") or time.strftime("live-%Y%m%d-%H%M%S"),
+        save_video=bool(settings.get("save_video", False)),
+        mosaic=bool(settings.get("mosaic", False)),
+        mode="live",
+        **_report_options(settings),
+        **_live_options(args),
+    )
+    result = _run_with_progress(args, options)
+    if result.error:
+        print(f"drivepercept live: error: {result.error}", file=sys.stderr)
+        return EXIT_ERROR
+    if result.stats.interrupted:
+        print("interrupted: outputs hold the frames processed so far", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if result.failed_cameras:
+        print(
+            f"drivepercept live: error: camera(s) failed for good: "
+            f"{', '.join(result.failed_cameras)} (the others ran; see {result.run_dir})",
             file=sys.stderr,
         )
         return EXIT_ERROR

@@ -43,6 +43,7 @@ from drivepercept.types import Batch, DropPolicy, FrameResult, LoadSample
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 2.0
+DRAIN_TIMEOUT_S = 1.0  # after capture stops, how long in-flight frames may take to finish
 RECENT_FRAMES = 512  # per camera, for the live view (fps and p95 over the last second)
 
 
@@ -127,6 +128,8 @@ class Pipeline:
         sinks: result writers, called in order on the completion thread.
         keep_original: carry each frame's original pixels to the sinks (annotated video).
         load_sinks: load-sample writers, called on the `gpu-monitor` thread.
+        capture_stop: the event that stops capture (shared with live sources, whose reconnect
+            waits it interrupts); the pipeline makes its own when none is given.
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class Pipeline:
         sinks: Sequence[Sink] = (),
         keep_original: bool = False,
         load_sinks: Sequence[LoadSink] = (),
+        capture_stop: threading.Event | None = None,
     ) -> None:
         if not cameras:
             raise DrivePerceptError("a pipeline needs at least one camera")
@@ -146,7 +150,9 @@ class Pipeline:
         self.device = resolve_device(config.device)
         self.sinks = tuple(sinks)
         self.names = tuple(name for name, _ in cameras)
-        self.stop_event = threading.Event()
+        self.stop_event = threading.Event()  # everything stops now
+        # capture stops, what is in flight drains (duration reached, Ctrl-C, SIGTERM)
+        self.capture_stop = capture_stop if capture_stop is not None else threading.Event()
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
         policy = DropPolicy(config.drop_policy)
@@ -171,7 +177,7 @@ class Pipeline:
                 reader=reader,
                 spec=spec,
                 queues=self.queues,
-                stop=self.stop_event,
+                stop=self.capture_stop,
                 max_frames=config.max_frames,
                 keep_original=keep_original,
                 on_error=self._fail,
@@ -318,11 +324,14 @@ class Pipeline:
         *,
         progress: Callable[[Pipeline], None] | None = None,
         progress_interval_s: float = 0.5,
+        duration_s: float | None = None,
     ) -> RunStats:
         """Start (if needed), wait for every camera to end, and return the statistics.
 
-        Ctrl-C stops the run within JOIN_TIMEOUT_S; the result then has interrupted=True and
-        everything emitted so far is in the sinks.
+        After `duration_s`, or on Ctrl-C (SIGTERM where the CLI maps it), capture stops and
+        the frames in flight get DRAIN_TIMEOUT_S to come out; then every thread is stopped
+        (within JOIN_TIMEOUT_S). On Ctrl-C the result has interrupted=True; either way
+        everything emitted is in the sinks. A second Ctrl-C skips the drain.
 
         Raises:
             PipelineError: a stage failed (the cause is attached).
@@ -331,16 +340,27 @@ class Pipeline:
         started = time.monotonic()
         interrupted = False
         last_progress = 0.0
+        drain_until: float | None = None
         complete = self.engine.threads[1]
         try:
             while complete.is_alive():
                 complete.join(timeout=0.1)
-                if progress is not None and time.monotonic() - last_progress >= progress_interval_s:
-                    last_progress = time.monotonic()
+                now = time.monotonic()
+                if drain_until is None and duration_s and now - started >= duration_s:
+                    log.info("duration of %.1f s reached: stopping capture", duration_s)
+                    drain_until = self.stop_capture()
+                if drain_until is not None and now > drain_until:
+                    break
+                if progress is not None and now - last_progress >= progress_interval_s:
+                    last_progress = now
                     progress(self)
         except KeyboardInterrupt:
             interrupted = True
-            log.warning("interrupted: stopping capture and closing outputs")
+            log.warning("interrupted: stopping capture, draining, closing outputs")
+            try:
+                complete.join(timeout=self.stop_capture() - time.monotonic())
+            except KeyboardInterrupt:
+                log.warning("interrupted again: stopping now")
         not_stopped = self._shutdown()
         if progress is not None:
             progress(self)
@@ -351,8 +371,15 @@ class Pipeline:
             elapsed_s=time.monotonic() - started, interrupted=interrupted, not_stopped=not_stopped
         )
 
+    def stop_capture(self) -> float:
+        """Stop reading cameras; what is queued and in flight still completes. Returns the
+        monotonic time by which draining should be over. Safe from any thread."""
+        self.capture_stop.set()
+        return time.monotonic() + DRAIN_TIMEOUT_S
+
     def _shutdown(self) -> tuple[str, ...]:
         """Stop every thread (joined with a shared 2 s budget), then close the sinks."""
+        self.capture_stop.set()
         self.stop_event.set()
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         not_stopped = []

@@ -15,9 +15,10 @@ import json
 import logging
 import platform
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,13 @@ import torch
 import torchvision
 
 from drivepercept import __version__
-from drivepercept.config import MAX_CAMERAS, CameraConfig, PipelineConfig, load_rig
+from drivepercept.config import (
+    MAX_CAMERAS,
+    CameraConfig,
+    PipelineConfig,
+    ReconnectPolicy,
+    load_rig,
+)
 from drivepercept.engine.device import resolve_device
 from drivepercept.errors import ConfigError, OutputError, one_line
 from drivepercept.models import load_detector
@@ -40,8 +47,11 @@ from drivepercept.sinks import (
     DetectionsJsonlSink,
     FrameTimingCsvSink,
     LoadCsvSink,
+    LoadSink,
     Sink,
 )
+from drivepercept.sinks.metrics import CameraSnapshot, MetricsExporter
+from drivepercept.sources.live import LiveSource
 from drivepercept.sources.readers import FrameReader, open_reader
 
 log = logging.getLogger(__name__)
@@ -51,7 +61,11 @@ RUN_SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class ReplayOptions:
-    """Everything `drivepercept replay` needs."""
+    """Everything `drivepercept replay` and `drivepercept live` need.
+
+    mode: "replay" (files, every frame, the block policy), "realtime" (files paced at their
+    frame rate, as if live) or "live" (devices and streams, from `cameras`).
+    """
 
     sources: tuple[str, ...]
     model: str
@@ -63,6 +77,20 @@ class ReplayOptions:
     mosaic: bool = False
     report_formats: tuple[str, ...] = ALL_FORMATS  # () = no report
     budget_ms: float = DEFAULT_BUDGET_MS
+    mode: str = "replay"
+    cameras: tuple[CameraConfig, ...] = ()  # live mode: cameras with a source each
+    duration_s: float | None = None
+    reconnect: ReconnectPolicy = field(default_factory=ReconnectPolicy)
+    metrics_port: int | None = None
+    metrics_linger_s: float = 0.0  # keep /metrics up this long after the run
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("replay", "realtime", "live"):
+            raise ConfigError(f"mode must be replay, realtime or live, got {self.mode!r}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ConfigError(f"duration must be > 0 s, got {self.duration_s:g}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics port must be 0..65535, got {self.metrics_port}")
 
 
 @dataclass(frozen=True)
@@ -71,6 +99,8 @@ class ReplayResult:
     stats: RunStats
     cameras: tuple[CameraConfig, ...]
     report: ReportResult | None = None
+    failed_cameras: tuple[str, ...] = ()  # live cameras that gave up reconnecting
+    error: str | None = None  # why the run counts as failed (every camera failed)
 
     @property
     def short_cameras(self) -> list[CameraStats]:
@@ -108,6 +138,35 @@ def resolve_cameras(sources: Sequence[str]) -> tuple[CameraConfig, ...]:
     if len(unique) > MAX_CAMERAS:
         raise ConfigError(f"at most {MAX_CAMERAS} cameras, got {len(unique)}")
     return tuple(unique)
+
+
+def resolve_live_cameras(items: Sequence[str]) -> tuple[CameraConfig, ...]:
+    """Live cameras from NAME=SOURCE items (SOURCE: device index, /dev/videoN or URL), bare
+    sources (named cam1, cam2, ...) and rig files (each camera's `source`, else its `video`).
+    """
+    if not items:
+        raise ConfigError("give at least one camera: --camera NAME=SOURCE or a rig.toml")
+    cams: list[CameraConfig] = []
+    for item in items:
+        if item.lower().endswith(".toml") and "://" not in item:
+            for cam in load_rig(item).cameras:
+                if cam.source is None and cam.video is None:
+                    raise ConfigError(f"camera {cam.name!r} in {item} has no source or video")
+                cams.append(cam)
+            continue
+        name, sep, source = item.partition("=")
+        if not sep or "://" in name or "/" in name:
+            name, source = f"cam{len(cams) + 1}", item
+        if not source:
+            raise ConfigError(f"camera {item!r}: expected NAME=SOURCE, the source is empty")
+        cams.append(CameraConfig(name=name, source=source))
+    names = [c.name for c in cams]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"camera names must be unique, got {dupes} more than once")
+    if len(cams) > MAX_CAMERAS:
+        raise ConfigError(f"at most {MAX_CAMERAS} cameras, got {len(cams)}")
+    return tuple(cams)
 
 
 def open_readers(cams: Sequence[CameraConfig]) -> list[FrameReader]:
@@ -193,7 +252,16 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         raise OutputError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def _close_all(readers: Sequence[FrameReader], sinks: Sequence[Sink | LoadCsvSink]) -> None:
+def camera_source(cam: CameraConfig) -> str:
+    """What a camera reads: its live source, else its video file."""
+    if cam.source is not None:
+        return cam.source
+    if cam.video is None:
+        raise ConfigError(f"camera {cam.name!r} has neither a source nor a video")
+    return str(cam.video)
+
+
+def _close_all(readers: Sequence[FrameReader], sinks: Sequence[Sink | LoadSink]) -> None:
     for r in readers:
         r.close()
     for sink in sinks:
@@ -209,24 +277,94 @@ def _report(run_dir: Path, options: ReplayOptions) -> ReportResult | None:
     return report
 
 
+def _open_sources(
+    options: ReplayOptions, cams: Sequence[CameraConfig], capture_stop: threading.Event
+) -> list[FrameReader]:
+    """Replay: every camera opened now. Real-time and live: reconnecting LiveSources (a file
+    is opened now all the same, so a bad path fails before the run)."""
+    if options.mode == "replay":
+        return open_readers(cams)
+    readers: list[FrameReader] = []
+    try:
+        for cam in cams:
+            readers.append(
+                LiveSource(
+                    camera=cam.name,
+                    source=camera_source(cam),
+                    policy=options.reconnect,
+                    stop=capture_stop,
+                    realtime=options.mode == "realtime",
+                )
+            )
+    except BaseException:
+        for r in readers:
+            r.close()
+        raise
+    return readers
+
+
+def _camera_snapshots(pipeline: Pipeline) -> dict[str, CameraSnapshot]:
+    view = pipeline.live_view()
+    dropped = pipeline.queues.dropped()
+    out = {}
+    for i, d in enumerate(pipeline.decoders):
+        reader = d.reader
+        if isinstance(reader, LiveSource):
+            state = reader.state.value
+        else:
+            state = "streaming" if d.thread.is_alive() else "ended"
+        out[d.camera] = CameraSnapshot(dropped=dropped[i], fps=view.fps[i], state=state)
+    return out
+
+
+def live_record(readers: Sequence[FrameReader], names: Sequence[str]) -> dict[str, Any] | None:
+    """Per live camera: final state, connects, downtime and every state change (run.json)."""
+    now = time.monotonic_ns()
+    out = {}
+    for name, r in zip(names, readers, strict=True):
+        if not isinstance(r, LiveSource):
+            return None
+        out[name] = {
+            "source": r.source,
+            "state": r.state.value,
+            "connects": r.connects,
+            "downtime_s": round(r.downtime_s(now), 3),
+            "changes": [
+                {"t_ns": c.t_ns, "state": c.state.value, "detail": c.detail} for c in r.changes()
+            ],
+        }
+    return out
+
+
 def run_replay(
     options: ReplayOptions,
     *,
     progress: Callable[[Pipeline], None] | None = None,
     detector: Detector | None = None,
 ) -> ReplayResult:
-    """Replay the sources through the detector; see the module docstring for the outputs.
+    """Run the sources through the detector; see the module docstring for the outputs.
 
-    Everything that can fail on bad input (sources, device, model, weights) is checked before
-    the run folder is made, so a failed start leaves no half-made run behind.
+    Everything that can fail on bad input (sources, device, model, weights, metrics port) is
+    checked before the run folder is made, so a failed start leaves no half-made run behind.
     """
-    cams = resolve_cameras(options.sources)
+    cams = resolve_cameras(options.sources) if options.mode != "live" else options.cameras
+    if not cams:
+        raise ConfigError("give at least one camera")
     resolve_device(options.pipeline.device)
-    readers = open_readers(cams)  # bad sources fail before the (slower) model load
+    capture_stop = threading.Event()
+    readers = _open_sources(options, cams, capture_stop)  # before the (slower) model load
     sinks: list[Sink] = []
-    load_sinks: list[LoadCsvSink] = []
+    load_sinks: list[LoadSink] = []
+    exporter: MetricsExporter | None = None
     try:
         det = detector or load_detector(options.model, weights=options.weights)
+        pipeline_ref: list[Pipeline] = []
+        if options.metrics_port is not None:
+            exporter = MetricsExporter(
+                port=options.metrics_port,
+                cameras=[c.name for c in cams],
+                poll=lambda: _camera_snapshots(pipeline_ref[0]) if pipeline_ref else {},
+            )
         run_dir = make_run_dir(options.out_root, options.name)
         sinks += [
             DetectionsJsonlSink(run_dir / "detections.jsonl"),
@@ -234,8 +372,11 @@ def run_replay(
         ]
         if options.pipeline.sample_hz > 0:
             load_sinks.append(LoadCsvSink(run_dir / LOAD_CSV))
+        if exporter is not None:
+            sinks.append(exporter.frames_sink)
+            load_sinks.append(exporter.load_sink)
         if options.save_video:
-            fps = {c.name: r.info.fps for c, r in zip(cams, readers, strict=True)}
+            fps = {c.name: r.info.fps or 15.0 for c, r in zip(cams, readers, strict=True)}
             sinks.append(
                 AnnotatedVideoSink(
                     run_dir / "video", fps=fps, mosaic=options.mosaic, cameras=len(cams)
@@ -248,24 +389,18 @@ def run_replay(
             sinks=sinks,
             keep_original=options.save_video,
             load_sinks=load_sinks,
+            capture_stop=capture_stop,
         )
+        pipeline_ref.append(pipeline)
     except BaseException:
         _close_all(readers, [*sinks, *load_sinks])
+        if exporter is not None:
+            exporter.close()
         raise
-    sources = [
-        {
-            "camera": c.name,
-            "source": str(c.video),
-            "width": r.info.width,
-            "height": r.info.height,
-            "fps": r.info.fps,
-            "frame_count": r.info.frame_count,
-        }
-        for c, r in zip(cams, readers, strict=True)
-    ]
     record: dict[str, Any] = {
         "schema_version": RUN_SCHEMA_VERSION,
-        "command": "replay",
+        "command": "live" if options.mode == "live" else "replay",
+        "mode": options.mode,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": {
             "name": det.name,
@@ -276,35 +411,85 @@ def run_replay(
             else None,
         },
         "config": dataclasses.asdict(options.pipeline),
-        "sources": sources,
+        "sources": _sources_record(cams, readers),
         "environment": environment(str(pipeline.device)),
         "telemetry": pipeline.sampler.info.as_dict() if pipeline.sampler is not None else None,
         "status": "running",
     }
+    if options.mode != "replay":
+        record["reconnect"] = dataclasses.asdict(options.reconnect)
+        record["duration_s"] = options.duration_s
     try:
-        _write_json(run_dir / "run.json", record)
-        stats = pipeline.run(progress=progress)
-    except BaseException as exc:
-        pipeline.close()
-        record["status"] = "failed"
-        record["error"] = one_line(f"{type(exc).__name__}: {exc}")
-        record["summary"] = stats_summary(pipeline.stats())
-        _final_record(run_dir, record, pipeline)
         try:
-            _report(run_dir, options)
-        except Exception as report_exc:  # the run's own error is the one to report
-            log.error("the report of the failed run could not be written: %s", report_exc)
-        raise
-    record["status"] = "interrupted" if stats.interrupted else "complete"
-    record["summary"] = stats_summary(stats)
-    _final_record(run_dir, record, pipeline)
-    report = _report(run_dir, options)
-    return ReplayResult(run_dir=run_dir, stats=stats, cameras=cams, report=report)
+            _write_json(run_dir / "run.json", record)
+            stats = pipeline.run(progress=progress, duration_s=options.duration_s)
+        except BaseException as exc:
+            pipeline.close()
+            record["status"] = "failed"
+            record["error"] = one_line(f"{type(exc).__name__}: {exc}")
+            record["summary"] = stats_summary(pipeline.stats())
+            _final_record(run_dir, record, pipeline, cams, readers)
+            try:
+                _report(run_dir, options)
+            except Exception as report_exc:  # the run's own error is the one to report
+                log.error("the report of the failed run could not be written: %s", report_exc)
+            raise
+        live = live_record(readers, [c.name for c in cams])
+        failed = [n for n, rec in (live or {}).items() if rec["state"] == "failed"]
+        record["status"] = "interrupted" if stats.interrupted else "complete"
+        if failed and len(failed) == len(cams):
+            record["status"] = "failed"
+            record["error"] = "every camera failed: " + "; ".join(
+                f"{n}: {live[n]['changes'][-1]['detail']}" for n in failed if live
+            )
+        record["summary"] = stats_summary(stats)
+        _final_record(run_dir, record, pipeline, cams, readers)
+        report = _report(run_dir, options)
+        if exporter is not None and options.metrics_linger_s > 0:
+            log.info("keeping %s up for %.1f s", exporter.url, options.metrics_linger_s)
+            time.sleep(options.metrics_linger_s)
+    finally:
+        if exporter is not None:
+            exporter.close()
+    return ReplayResult(
+        run_dir=run_dir,
+        stats=stats,
+        cameras=cams,
+        report=report,
+        failed_cameras=tuple(failed),
+        error=record.get("error"),
+    )
 
 
-def _final_record(run_dir: Path, record: dict[str, Any], pipeline: Pipeline) -> None:
+def _sources_record(
+    cams: Sequence[CameraConfig], readers: Sequence[FrameReader]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "camera": c.name,
+            "source": camera_source(c),
+            "width": r.info.width,
+            "height": r.info.height,
+            "fps": r.info.fps,
+            "frame_count": r.info.frame_count,
+        }
+        for c, r in zip(cams, readers, strict=True)
+    ]
+
+
+def _final_record(
+    run_dir: Path,
+    record: dict[str, Any],
+    pipeline: Pipeline,
+    cams: Sequence[CameraConfig],
+    readers: Sequence[FrameReader],
+) -> None:
     if pipeline.sampler is not None:
         # metrics found unsupported during the run are known only now
         record["telemetry"] = pipeline.sampler.info.as_dict()
         record["telemetry"]["samples"] = pipeline.sampler.samples_taken
+    record["sources"] = _sources_record(cams, readers)  # live sizes are known once connected
+    live = live_record(readers, [c.name for c in cams])
+    if live is not None:
+        record["live"] = live
     _write_json(run_dir / "run.json", record)

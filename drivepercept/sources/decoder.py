@@ -1,8 +1,9 @@
 """The per-camera decoder thread: read, stamp, prepare, queue.
 
 One named thread (`decode-<camera>`) per camera. It reads a frame, stamps it with the
-monotonic time the read started (the pipeline's capture time), its index and presentation
-time, letterboxes it for the model on the CPU while the device works on earlier batches, and
+monotonic time the read started (the pipeline's capture time; for a live source, the time the
+frame arrived, since its read waits for the camera), its index and presentation time,
+letterboxes it for the model on the CPU while the device works on earlier batches, and
 puts it into its camera's bounded queue under the queue's drop policy.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from drivepercept.config import PrepareSpec
 from drivepercept.queues import CameraQueues
+from drivepercept.sources.live import LiveSource
 from drivepercept.sources.prepare import prepare
 from drivepercept.sources.readers import FrameReader
 from drivepercept.types import Frame
@@ -65,8 +67,10 @@ class DecoderThread:
                 got = self.reader.read()
                 if got is None:
                     expected = self.reader.info.frame_count
-                    # frame counts in containers are estimates: one frame short is normal
-                    if expected > 0 and expected - self.frames_read > 1 and not self.max_frames:
+                    # frame counts in containers are estimates: one frame short is normal;
+                    # a source stopped on purpose (duration, Ctrl-C) is not short either
+                    stopped = self.stop.is_set() or self.max_frames
+                    if expected > 0 and expected - self.frames_read > 1 and not stopped:
                         self.short_by = expected - self.frames_read
                         log.info(
                             "camera %s ended after %d of %d frames (truncated file?)",
@@ -76,6 +80,9 @@ class DecoderThread:
                         )
                     break
                 decoded_ns = time.monotonic_ns()
+                if isinstance(self.reader, LiveSource):
+                    # a live read waits for the frame: it was captured when it arrived
+                    capture_ns = min(self.reader.arrived_ns, decoded_ns)
                 image, box = prepare(got[0], self.spec)
                 frame = Frame(
                     camera=self.camera,

@@ -1,0 +1,266 @@
+"""Live sources: cameras and streams that may drop out, with a reconnect supervisor.
+
+A `LiveSource` is a `FrameReader` whose `read()` never gives up on a stream at the first
+failure: a failed open or read puts the camera into `reconnecting`, and it retries with
+exponential backoff (`ReconnectPolicy`) on the decoder thread that reads it, so the rest of
+the rig carries on. After `max_attempts` failures in a row the camera is `failed` and `read()`
+returns None (the camera ends; the batcher stops waiting for it). A file source (replayed
+in real time) ends as `ended`.
+
+State changes (connecting, streaming, reconnecting, failed, ended) are logged with monotonic
+times and kept, so the run record can say how long each camera was down.
+
+Sources: a device index ("0") or path ("/dev/video0"), or a URL OpenCV's FFmpeg backend opens
+(rtsp://, http://, https://, udp://, tcp://), or, for real-time replay, a video file paced at
+its native frame rate.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from drivepercept.config import ReconnectPolicy
+from drivepercept.sources.readers import FrameReader, SourceError, SourceInfo, open_reader
+from drivepercept.types import ImageU8
+
+log = logging.getLogger(__name__)
+
+STREAM_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://", "rtmp://")
+
+
+class CameraState(enum.Enum):
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    RECONNECTING = "reconnecting"
+    FAILED = "failed"
+    ENDED = "ended"
+
+
+@dataclass(frozen=True)
+class StateChange:
+    t_ns: int  # time.monotonic_ns(), the frames' clock
+    state: CameraState
+    detail: str = ""
+
+
+def is_stream(source: str) -> bool:
+    return source.lower().startswith(STREAM_PREFIXES)
+
+
+def is_device(source: str) -> bool:
+    return source.isdigit() or source.startswith("/dev/video")
+
+
+class CaptureReader:
+    """A device or network stream read with cv2.VideoCapture, with open and read timeouts
+    (FFmpeg backend) so that a dead server is noticed instead of blocking forever."""
+
+    def __init__(self, source: str, *, policy: ReconnectPolicy) -> None:
+        self.source = source
+        if is_device(source):
+            target: int | str = int(source) if source.isdigit() else source
+            self._cap = cv2.VideoCapture(target)
+        else:
+            params = [
+                cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+                int(policy.open_timeout_s * 1000),
+                cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+                int(policy.read_timeout_s * 1000),
+            ]
+            self._cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, params)
+        if not self._cap.isOpened():
+            self._cap.release()
+            raise SourceError(f"cannot open {source}")
+        fps = self._cap.get(cv2.CAP_PROP_FPS)
+        self.info = SourceInfo(
+            int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
+            int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+            fps if 0 < fps < 1000 else 0.0,
+            -1,
+        )
+        self._t0 = time.monotonic()
+
+    def read(self) -> tuple[ImageU8, float] | None:
+        ok, raw = self._cap.read()
+        if not ok or raw is None:
+            return None
+        image: ImageU8 = np.asarray(raw, dtype=np.uint8)
+        return image, time.monotonic() - self._t0  # a live frame's time is when it arrived
+
+    def close(self) -> None:
+        self._cap.release()
+
+
+def open_live_reader(source: str, policy: ReconnectPolicy) -> FrameReader:
+    """One connection attempt. Raises SourceError when it fails."""
+    if is_stream(source) or is_device(source):
+        return CaptureReader(source, policy=policy)
+    return open_reader(source)
+
+
+class LiveSource:
+    """A camera that reconnects (see the module docstring). Thread use: `read()` and `close()`
+    on the camera's decoder thread; `state`, `changes()` and `downtime_s()` from any thread.
+
+    Args:
+        camera: the camera's name (for logs).
+        source: device, URL or file (see the module docstring).
+        policy: backoff and timeouts.
+        stop: set to end the camera (it also interrupts a backoff wait).
+        realtime: pace a file source at its native frame rate (for real-time replay).
+        opener: makes one connection attempt (tests pass a stand-in).
+
+    Raises:
+        SourceError: a file source that cannot be opened (a live source connects on its
+            thread, and a failure there is a state, not an exception).
+    """
+
+    def __init__(
+        self,
+        *,
+        camera: str,
+        source: str,
+        policy: ReconnectPolicy,
+        stop: threading.Event,
+        realtime: bool = False,
+        opener: Callable[[str, ReconnectPolicy], FrameReader] = open_live_reader,
+    ) -> None:
+        self.camera = camera
+        self.source = source
+        self.policy = policy
+        self.stop = stop
+        self.realtime = realtime
+        self.opener = opener
+        self.live = is_stream(source) or is_device(source)
+        self._lock = threading.Lock()
+        self._changes: list[StateChange] = []
+        self._reader: FrameReader | None = None
+        self._pace_origin: float | None = None
+        self.info = SourceInfo(0, 0, 0.0, -1)
+        # when the last frame arrived (a stream) or fell due (a paced file): its capture time,
+        # not the start of a read() that waited for it
+        self.arrived_ns = 0
+        self.connects = 0
+        self._set(CameraState.CONNECTING, source)
+        if not self.live:  # a file: a bad path is the user's error, now, on this thread
+            self._attach(opener(source, policy))
+
+    # ------------------------------------------------------------------ state
+
+    def _set(self, state: CameraState, detail: str = "") -> None:
+        change = StateChange(time.monotonic_ns(), state, detail)
+        with self._lock:
+            if (
+                self._changes
+                and self._changes[-1].state == state
+                and state != CameraState.RECONNECTING
+            ):
+                return
+            self._changes.append(change)
+        level = (
+            logging.WARNING
+            if state in (CameraState.RECONNECTING, CameraState.FAILED)
+            else logging.INFO
+        )
+        log.log(
+            level, "camera %s: %s%s", self.camera, state.value, f" ({detail})" if detail else ""
+        )
+
+    @property
+    def state(self) -> CameraState:
+        with self._lock:
+            return self._changes[-1].state
+
+    def changes(self) -> list[StateChange]:
+        with self._lock:
+            return list(self._changes)
+
+    def downtime_s(self, now_ns: int | None = None) -> float:
+        """Time not streaming from the first change to now (or to `ended`)."""
+        return downtime_s(self.changes(), now_ns if now_ns is not None else time.monotonic_ns())
+
+    # ------------------------------------------------------------------ reading
+
+    def _attach(self, reader: FrameReader) -> None:
+        self._reader = reader
+        self.info = reader.info
+        self.connects += 1
+        self._set(CameraState.STREAMING, f"{reader.info.width}x{reader.info.height}")
+
+    def _connect(self) -> bool:
+        """Open with retries; False when the camera failed for good or stop was set."""
+        attempt = 0
+        while not self.stop.is_set():
+            attempt += 1
+            try:
+                self._attach(self.opener(self.source, self.policy))
+                return True
+            except SourceError as exc:
+                if self.policy.max_attempts and attempt >= self.policy.max_attempts:
+                    self._set(CameraState.FAILED, f"gave up after {attempt} attempts: {exc}")
+                    return False
+                delay = self.policy.delay_s(attempt)
+                self._set(
+                    CameraState.RECONNECTING,
+                    f"attempt {attempt} failed: {exc}; retry in {delay:g} s",
+                )
+                if self.stop.wait(delay):
+                    return False
+        return False
+
+    def _pace(self, pts_s: float) -> bool:
+        """Wait until the frame's time comes (real-time replay); False if stopped meanwhile."""
+        now = time.monotonic()
+        if self._pace_origin is None:
+            self._pace_origin = now - pts_s
+        wait = self._pace_origin + pts_s - now
+        return not (wait > 0 and self.stop.wait(wait))
+
+    def read(self) -> tuple[ImageU8, float] | None:
+        while not self.stop.is_set():
+            if self._reader is None:
+                if not self.live or not self._connect():
+                    return None
+                continue
+            got = self._reader.read()
+            if got is not None:
+                if self.realtime and not self.live and not self._pace(got[1]):
+                    return None
+                self.arrived_ns = time.monotonic_ns()
+                return got
+            self._reader.close()
+            self._reader = None
+            if not self.live:
+                self._set(CameraState.ENDED, "end of file")
+                return None
+            self._set(CameraState.RECONNECTING, "the stream stopped delivering frames")
+        return None
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self.state in (CameraState.STREAMING, CameraState.CONNECTING, CameraState.RECONNECTING):
+            self._set(CameraState.ENDED, "stopped")
+
+
+def downtime_s(changes: list[StateChange], now_ns: int) -> float:
+    """Seconds spent in any state but `streaming`, from the first change until `now_ns` or the
+    first `ended` (a camera that ended is not down). Pure; changes oldest first."""
+    down = 0
+    for k, change in enumerate(changes):
+        following = changes[k + 1] if k + 1 < len(changes) else None
+        if change.state == CameraState.ENDED:
+            break
+        end = following.t_ns if following is not None else now_ns
+        if change.state != CameraState.STREAMING:
+            down += max(0, end - change.t_ns)
+    return down / 1e9
