@@ -96,6 +96,15 @@ one more); every dropped frame is counted. A camera whose stream fails goes to
 drains what is in flight and writes every output and the report.
 """
 
+_SERVE_EPILOG = """\
+examples:
+  drivepercept serve-cameras sample_videos/rig.toml --port 8554
+  drivepercept live --camera front=http://127.0.0.1:8554/front.mjpg --duration 20
+
+Each camera is at http://127.0.0.1:PORT/<name>.mjpg (GET / lists them). Runs until Ctrl-C or
+SIGTERM.
+"""
+
 _REPORT_EPILOG = """\
 examples:
   drivepercept report runs/replay-20261130-101500
@@ -279,6 +288,21 @@ def _build_parser() -> _Parser:
     )
     ben.set_defaults(handler=_cmd_bench)
 
+    srv = sub.add_parser(
+        "serve-cameras",
+        help="serve videos as live MJPEG-over-HTTP cameras on 127.0.0.1 (for testing live mode)",
+        description="Serve each video as a live camera: MJPEG over HTTP, paced in real time, "
+        "looping, several clients per camera.",
+        epilog=_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    srv.add_argument(
+        "sources", nargs="+", metavar="SOURCE", help="rig.toml, video files or a folder of videos"
+    )
+    srv.add_argument("--port", type=int, default=8554, help="TCP port (default 8554; 0 = any)")
+    srv.add_argument("--fps", type=float, help="frames per second (default: each file's own)")
+    srv.set_defaults(handler=_cmd_serve)
+
     rpt = sub.add_parser(
         "report",
         help="latency report of a run folder (HTML, JSON, CSV, Perfetto trace), or compare two",
@@ -336,6 +360,11 @@ def _add_run_args(p: argparse.ArgumentParser, *, default_name: str) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument(
+        "--show",
+        action="store_true",
+        help="a live window: every camera tiled with boxes, fps and latency (q to stop)",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -613,6 +642,7 @@ def _live_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.metrics_linger_s < 0:
         raise ConfigError(f"--metrics-linger-s must be >= 0, got {args.metrics_linger_s:g}")
     return {
+        "show": _can_show(args.show),
         "duration_s": args.duration,
         "metrics_port": args.metrics_port,
         "metrics_linger_s": args.metrics_linger_s,
@@ -623,6 +653,19 @@ def _live_options(args: argparse.Namespace) -> dict[str, Any]:
             read_timeout_s=args.read_timeout_s,
         ),
     }
+
+
+def _can_show(wanted: bool) -> bool:
+    """--show only where there is a display: OpenCV's Qt GUI aborts the whole process when it
+    finds none, so without one the run goes on without a window (and says so)."""
+    if not wanted:
+        return False
+    if sys.platform.startswith("linux") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    ):
+        log.warning("--show: no display (DISPLAY is not set); running without a window")
+        return False
+    return True
 
 
 def _run_with_progress(args: argparse.Namespace, options: ReplayOptions) -> ReplayResult:
@@ -781,6 +824,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         f"{len(cams)} cameras"
     )
     print(result.table())
+    return EXIT_OK
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    from drivepercept.sim.serve import CameraServer, cameras_from_sources, serve_forever
+
+    server = CameraServer(cameras_from_sources(args.sources), port=args.port, fps=args.fps)
+    server.start()
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for cam in server.cameras:
+        print(f"{cam.name}: {server.url(cam.name)} ({cam.fps:g} fps, {cam.path})", flush=True)
+    try:
+        serve_forever(server, stop=stop)
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    finally:
+        server.close()
+        signal.signal(signal.SIGTERM, previous)
     return EXIT_OK
 
 

@@ -50,6 +50,7 @@ from drivepercept.sinks import (
     LoadSink,
     Sink,
 )
+from drivepercept.sinks.display import DisplaySink
 from drivepercept.sinks.metrics import CameraSnapshot, MetricsExporter
 from drivepercept.sources.live import LiveSource
 from drivepercept.sources.readers import FrameReader, open_reader
@@ -83,6 +84,7 @@ class ReplayOptions:
     reconnect: ReconnectPolicy = field(default_factory=ReconnectPolicy)
     metrics_port: int | None = None
     metrics_linger_s: float = 0.0  # keep /metrics up this long after the run
+    show: bool = False  # a live window (the CLI checks that there is a display)
 
     def __post_init__(self) -> None:
         if self.mode not in ("replay", "realtime", "live"):
@@ -303,6 +305,11 @@ def _open_sources(
     return readers
 
 
+def _stop_capture(pipeline_ref: list[Pipeline]) -> None:
+    if pipeline_ref:
+        pipeline_ref[0].stop_capture()
+
+
 def _camera_snapshots(pipeline: Pipeline) -> dict[str, CameraSnapshot]:
     view = pipeline.live_view()
     dropped = pipeline.queues.dropped()
@@ -375,6 +382,16 @@ def run_replay(
         if exporter is not None:
             sinks.append(exporter.frames_sink)
             load_sinks.append(exporter.load_sink)
+        if options.show:
+            try:
+                sinks.append(
+                    DisplaySink(
+                        [c.name for c in cams],
+                        on_quit=lambda: _stop_capture(pipeline_ref),
+                    )
+                )
+            except OutputError as exc:
+                log.warning("%s; running without a window", exc)
         if options.save_video:
             fps = {c.name: r.info.fps or 15.0 for c, r in zip(cams, readers, strict=True)}
             sinks.append(
@@ -387,7 +404,7 @@ def run_replay(
             detector=det,
             config=options.pipeline,
             sinks=sinks,
-            keep_original=options.save_video,
+            keep_original=options.save_video or options.show,
             load_sinks=load_sinks,
             capture_stop=capture_stop,
         )

@@ -178,6 +178,35 @@ def batches_section(summary: dict[str, Any]) -> str:
     )
 
 
+def live_section(summary: dict[str, Any], origin_ns: int) -> str:
+    """Live cameras: final state, reconnects, down time and the state changes."""
+    cams = {n: c["live"] for n, c in summary["cameras"].items() if c.get("live")}
+    if not cams:
+        return ""
+    rows = []
+    for name, live in cams.items():
+        changes = "; ".join(
+            f"{(c['t_ns'] - origin_ns) / 1e9:+.2f} s {c['state']}"
+            + (f" ({c['detail']})" if c.get("detail") else "")
+            for c in live["changes"]
+        )
+        rows.append(
+            [
+                name,
+                live["state"],
+                fmt(live["connects"]),
+                fmt(live["reconnect_attempts"]),
+                fmt(live["downtime_s"], 2),
+                esc(changes),
+            ]
+        )
+    return "<h2>Cameras</h2>" + table(
+        ["camera", "final state", "connects", "reconnect attempts", "down s", "state changes"],
+        rows,
+        left=2,
+    )
+
+
 def render_html(data: RunData, summary: dict[str, Any]) -> str:
     """The whole page."""
     tl = data.timeline
@@ -226,6 +255,7 @@ model <b>{esc(model.get("name"))}</b> &middot; device <b>{
 {summary["deadline"]["misses"]} frames over the {budget:g} ms budget
 ({_pct(summary["deadline"]["miss_rate"])}).</p>
 {latency_table(summary)}
+{live_section(summary, tl.origin_ns)}
 <p class="note">Latency is capture (the frame read from its source) to emission (boxes handed to
 the outputs). Percentiles interpolate between ranks. "dropped" is the pipeline's own count;
 "index gaps" counts source frames missing between the processed ones.</p>

@@ -15,7 +15,9 @@ frames/s, null where there is nothing to measure):
   add up to end_to_end_ms frame by frame;
 - cameras: {name: {frames, throughput_fps, end_to_end_ms, deadline, stages, dropped (the
   pipeline's count, from run.json; null if unknown), frame_index_gaps (source frames missing
-  between the ones processed), frames_missing_from_source}};
+  between the ones processed), frames_missing_from_source, live (live and real-time runs:
+  {source, state, connects, reconnect_attempts, downtime_s, changes: [{t_ns, state,
+  detail}]}, else null)}};
 - throughput: {window_s, start_s[], total_fps[], cameras: {name: fps[]}} per window of
   emission time;
 - batches: {count, cameras, mean_size, full_share, size_counts, capture_spread_ms (latency
@@ -103,6 +105,32 @@ def _camera_record(
         "dropped": dropped if isinstance(dropped, int) else None,
         "frame_index_gaps": frame_index_gaps(cam.frame_index),
         "frames_missing_from_source": recorded.get("frames_missing_from_source"),
+        "live": _live_camera(run.get("live", {}).get(tl.cameras[index]), run, tl.cameras[index]),
+    }
+
+
+def _live_camera(record: Any, run: dict[str, Any], camera: str) -> dict[str, Any] | None:
+    """A live camera's final state, reconnects, outages and down time (from run.json)."""
+    if not isinstance(record, dict):
+        return None
+    changes = [c for c in record.get("changes", []) if isinstance(c, dict)]
+    outages = sum(1 for c in changes if c.get("state") == "reconnecting")
+    fps = next(
+        (
+            s.get("fps")
+            for s in run.get("sources", [])
+            if isinstance(s, dict) and s.get("camera") == camera
+        ),
+        None,
+    )
+    return {
+        "source": record.get("source"),
+        "state": record.get("state"),
+        "connects": record.get("connects"),
+        "reconnect_attempts": outages,
+        "downtime_s": record.get("downtime_s"),
+        "changes": changes,
+        "fps_nominal": fps,
     }
 
 

@@ -165,6 +165,26 @@ def _letterbox(image: ImageU8, size: tuple[int, int]) -> tuple[ImageU8, float, i
     return np.asarray(resized, dtype=np.uint8), scale, (tile_w - new_w) // 2, (tile_h - new_h) // 2
 
 
+def annotated_tile(
+    result: FrameResult, image_bgr: ImageU8, size: tuple[int, int], *, header: str | None = None
+) -> ImageU8:
+    """The frame letterboxed into a (w, h) tile, then annotated (text stays readable when
+    small)."""
+    resized, scale, pad_x, pad_y = _letterbox(image_bgr, size)
+    det = result.detections
+    scaled = Detections(
+        (det.xyxy.reshape(-1, 4) * np.float32(scale)).astype(np.float32),
+        det.scores,
+        det.labels,
+        det.class_names,
+    )
+    tile_w, tile_h = size
+    tile = np.zeros((tile_h, tile_w, 3), np.uint8)
+    annotated = draw_detections(resized, scaled, header=header or _header(result))
+    tile[pad_y : pad_y + annotated.shape[0], pad_x : pad_x + annotated.shape[1]] = annotated
+    return tile
+
+
 class _VideoFile:
     """One MP4 opened lazily on its first frame, at that frame's size padded to even."""
 
@@ -352,20 +372,7 @@ class AnnotatedVideoSink(ClosingSink):
         self._tiles[index] = self._tile(result, image_bgr)
 
     def _tile(self, result: FrameResult, image_bgr: ImageU8) -> ImageU8:
-        """The frame letterboxed into a tile, then annotated (text stays readable when small)."""
-        resized, scale, pad_x, pad_y = _letterbox(image_bgr, self._tile_size)
-        det = result.detections
-        scaled = Detections(
-            (det.xyxy.reshape(-1, 4) * np.float32(scale)).astype(np.float32),
-            det.scores,
-            det.labels,
-            det.class_names,
-        )
-        tile_w, tile_h = self._tile_size
-        tile = np.zeros((tile_h, tile_w, 3), np.uint8)
-        annotated = draw_detections(resized, scaled, header=_header(result))
-        tile[pad_y : pad_y + annotated.shape[0], pad_x : pad_x + annotated.shape[1]] = annotated
-        return tile
+        return annotated_tile(result, image_bgr, self._tile_size)
 
     def _write_mosaic(self) -> None:
         tile_w, tile_h = self._tile_size
