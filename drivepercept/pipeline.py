@@ -37,7 +37,7 @@ from drivepercept.sinks.base import ImageSink, LoadSink, Sink
 from drivepercept.sources.decoder import DecoderThread
 from drivepercept.sources.readers import FrameReader
 from drivepercept.telemetry.sampler import GpuRef, LoadSampler
-from drivepercept.telemetry.stats import recent_window
+from drivepercept.telemetry.stats import LatencyHistogram, recent_window
 from drivepercept.types import Batch, DropPolicy, FrameResult, LoadSample
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class CameraStats:
     frames: int
     dropped: int
     fps: float  # frames over the camera's own span, first capture to last emission
-    latency_ms: dict[str, float]  # p50 / p95 / p99 / max end-to-end
+    latency_ms: dict[str, float]  # p50 / p95 / p99 (within 1 %) / max end-to-end
     short_by: int = 0  # frames its container announced that could not be decoded
 
 
@@ -109,13 +109,16 @@ def gpu_refs(device: torch.device) -> tuple[GpuRef, ...]:
     )
 
 
-def percentiles_ms(values_ms: Sequence[float]) -> dict[str, float]:
-    """p50 / p95 / p99 / max of latencies (empty -> zeros)."""
-    if not values_ms:
+def histogram_percentiles_ms(h: LatencyHistogram) -> dict[str, float]:
+    """p50 / p95 / p99 (within 1 %) / max of a latency histogram (empty -> zeros)."""
+    if h.count == 0:
         return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
-    arr = np.asarray(values_ms, dtype=np.float64)
-    p50, p95, p99 = np.percentile(arr, [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "max": float(arr.max())}
+    return {
+        "p50": h.percentile(50),
+        "p95": h.percentile(95),
+        "p99": h.percentile(99),
+        "max": h.max_ms,
+    }
 
 
 class Pipeline:
@@ -220,7 +223,8 @@ class Pipeline:
             deque(maxlen=RECENT_FRAMES) for _ in cameras
         ]
         self._frames = [0] * len(cameras)
-        self._latency_ms: list[list[float]] = [[] for _ in cameras]
+        # bounded: a live run may go on for hours (exact figures come from frames.csv)
+        self._latency = [LatencyHistogram() for _ in cameras]
         self._batch_sizes: list[int] = []
         self._first_capture_ns: list[int | None] = [None] * len(cameras)
         self._last_emit_ns = [0] * len(cameras)
@@ -272,7 +276,7 @@ class Pipeline:
             for r in results:
                 i = r.camera_index
                 self._frames[i] += 1
-                self._latency_ms[i].append(r.timing.end_to_end_ms)
+                self._latency[i].add(r.timing.end_to_end_ms)
                 self._recent[i].append((r.timing.emitted_ns, r.timing.end_to_end_ms))
                 first = self._first_capture_ns[i]
                 if first is None or r.timing.capture_ns < first:
@@ -441,7 +445,7 @@ class Pipeline:
         """Statistics of what has been emitted so far."""
         with self._lock:
             frames = list(self._frames)
-            lat = [list(v) for v in self._latency_ms]
+            lat = [histogram_percentiles_ms(h) for h in self._latency]
             sizes = list(self._batch_sizes)
             spans = [
                 (last - first) / 1e9 if first is not None else 0.0
@@ -457,7 +461,7 @@ class Pipeline:
                 frames=frames[i],
                 dropped=dropped[i],
                 fps=frames[i] / spans[i] if spans[i] > 0 else 0.0,
-                latency_ms=percentiles_ms(lat[i]),
+                latency_ms=lat[i],
                 short_by=self.decoders[i].short_by,
             )
             for i, name in enumerate(self.names)

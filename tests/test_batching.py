@@ -11,7 +11,6 @@ import pytest
 
 from drivepercept.batching import Batcher
 from drivepercept.buffers import StagingRing
-from drivepercept.pipeline import percentiles_ms
 from drivepercept.queues import CameraQueues
 from drivepercept.types import Batch, DropPolicy, Frame, Letterbox
 
@@ -108,10 +107,3 @@ def test_ended_camera_is_not_waited_for() -> None:
     batches = _run_batcher({0: 3, 1: 1}, timeout_ms=5000, n_cams=2, end={0, 1})
     assert time.monotonic() - t0 < 2.0
     assert [b.cameras for b in batches] == [(0, 1), (0,), (0,)]
-
-
-def test_percentiles() -> None:
-    assert percentiles_ms([]) == {"p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
-    assert percentiles_ms([7.0]) == {"p50": 7.0, "p95": 7.0, "p99": 7.0, "max": 7.0}
-    got = percentiles_ms([float(v) for v in range(1, 101)])  # 1..100, linear interpolation
-    assert got == pytest.approx({"p50": 50.5, "p95": 95.05, "p99": 99.01, "max": 100.0})

@@ -17,6 +17,7 @@ from drivepercept.telemetry import (
     STAGE_SPANS,
     STAMPS,
     GpuRef,
+    LatencyHistogram,
     LoadSampler,
     Timeline,
     batch_fill,
@@ -58,6 +59,30 @@ def test_latency_stats_of_one_and_of_no_frame() -> None:
     # JSON gets null, not a made-up zero
     assert empty.as_dict()["p95_ms"] is None
     assert empty.as_dict()["count"] == 0
+
+
+def test_latency_histogram_is_within_one_percent_and_bounded() -> None:
+    h = LatencyHistogram()
+    values = np.random.default_rng(1).lognormal(mean=4.0, sigma=0.8, size=20_000)
+    for v in values:
+        h.add(float(v))
+    assert h.count == 20_000 and h.max_ms == values.max()
+    for q in (50, 95, 99):
+        exact = float(np.percentile(values, q, method="inverted_cdf"))
+        assert exact <= h.percentile(q) <= exact * 1.0101, q
+    assert h.percentile(100) == values.max()
+    # memory does not grow with the number of frames
+    size = h._counts.nbytes
+    for _ in range(10_000):
+        h.add(12.0)
+    assert h._counts.nbytes == size < 16_000
+    empty = LatencyHistogram()
+    assert math.isnan(empty.percentile(50))
+    one = LatencyHistogram()
+    one.add(7.5)
+    assert one.percentile(99) == 7.5
+    one.add(0.0)  # below the range: the first bucket
+    assert one.percentile(50) <= 0.11
 
 
 def test_rate_fps() -> None:

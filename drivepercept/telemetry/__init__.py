@@ -17,6 +17,7 @@ from drivepercept.telemetry.sampler import (
 from drivepercept.telemetry.stats import (
     BatchFill,
     DeadlineMisses,
+    LatencyHistogram,
     LatencyStats,
     Windows,
     batch_fill,
@@ -45,6 +46,7 @@ __all__ = [
     "DeadlineMisses",
     "GpuInfo",
     "GpuRef",
+    "LatencyHistogram",
     "LatencyStats",
     "LoadSampler",
     "SamplerInfo",

@@ -203,3 +203,40 @@ def recent_window(
     if not lat:
         return 0.0, float("nan")
     return len(lat) / window_s, float(np.percentile(np.asarray(lat, dtype=np.float64), 95))
+
+
+class LatencyHistogram:
+    """Bounded-memory latency percentiles for runs of any length (live mode runs for hours).
+
+    Log-spaced buckets from `min_ms` to `max_ms`, each `resolution` wider than the last
+    (1 % by default: about 1,400 buckets, 11 KB), so a percentile read back is the upper edge
+    of its bucket: at most 1 % above the exact value. Values outside the range land in the
+    end buckets; the exact maximum and count are kept. Not thread-safe (the pipeline holds
+    its lock).
+    """
+
+    def __init__(
+        self, *, min_ms: float = 0.1, max_ms: float = 100_000.0, resolution: float = 0.01
+    ) -> None:
+        self._log_min = math.log(min_ms)
+        self._log_step = math.log1p(resolution)
+        n = math.ceil((math.log(max_ms) - self._log_min) / self._log_step) + 1
+        self._counts = np.zeros(n, dtype=np.int64)
+        self._edges = np.exp(self._log_min + self._log_step * np.arange(1, n + 1))
+        self.count = 0
+        self.max_ms = float("nan")
+
+    def add(self, value_ms: float) -> None:
+        k = int((math.log(value_ms) - self._log_min) / self._log_step) if value_ms > 0 else 0
+        self._counts[min(max(k, 0), self._counts.size - 1)] += 1
+        self.count += 1
+        if not value_ms <= self.max_ms:  # also replaces the initial NaN
+            self.max_ms = value_ms
+
+    def percentile(self, q: float) -> float:
+        """The q-th percentile (0-100), as its bucket's upper edge (capped at the maximum)."""
+        if self.count == 0:
+            return float("nan")
+        rank = max(1, math.ceil(q / 100.0 * self.count))
+        k = int(np.searchsorted(np.cumsum(self._counts), rank))
+        return float(min(self._edges[k], self.max_ms))
