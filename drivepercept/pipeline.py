@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cv2
-import numpy as np
 import torch
 
 from drivepercept.batching import Batcher
@@ -225,7 +224,7 @@ class Pipeline:
         self._frames = [0] * len(cameras)
         # bounded: a live run may go on for hours (exact figures come from frames.csv)
         self._latency = [LatencyHistogram() for _ in cameras]
-        self._batch_sizes: list[int] = []
+        self._batches_emitted = 0  # counters, not lists: a live run may go on for hours
         self._first_capture_ns: list[int | None] = [None] * len(cameras)
         self._last_emit_ns = [0] * len(cameras)
         self._sink_lock = threading.Lock()
@@ -272,7 +271,7 @@ class Pipeline:
                     else:
                         sink.write(r)
         with self._lock:
-            self._batch_sizes.append(len(results))
+            self._batches_emitted += 1
             for r in results:
                 i = r.camera_index
                 self._frames[i] += 1
@@ -446,7 +445,7 @@ class Pipeline:
         with self._lock:
             frames = list(self._frames)
             lat = [histogram_percentiles_ms(h) for h in self._latency]
-            sizes = list(self._batch_sizes)
+            batches = self._batches_emitted
             spans = [
                 (last - first) / 1e9 if first is not None else 0.0
                 for first, last in zip(self._first_capture_ns, self._last_emit_ns, strict=True)
@@ -470,11 +469,11 @@ class Pipeline:
             cameras=cams,
             elapsed_s=run_span_s,
             frames=sum(frames),
-            batches=len(sizes),
+            batches=batches,
             partial_batches=self.batcher.partial_batches,
             interrupted=interrupted,
             threads_not_stopped=not_stopped,
             device=str(self.device),
-            mean_batch_size=float(np.mean(sizes)) if sizes else 0.0,
+            mean_batch_size=sum(frames) / batches if batches else 0.0,
             queue_high_water=tuple(self.queues.high_water()),
         )

@@ -2,8 +2,8 @@
 # Every GPU check in one run (well under 8 minutes on one GPU): the tests marked `cuda`
 # (pinned staging ring, slot reuse under load, copy/compute overlap, fp16/bf16, real NVML),
 # `drivepercept bench` on the GPU for two models and three precisions, two replays (fp32 and
-# fp16) with their latency reports and NVML load samples plus their comparison, and the load
-# sampler's cost (on vs off). Results go to $OUT (default ./gpu_check_out). Exit status:
+# fp16) with their latency reports and NVML load samples plus their comparison, a 20 s live
+# run of 6 served cameras, and the load sampler's cost (on vs off). Results go to $OUT (default ./gpu_check_out). Exit status:
 # non-zero if any check failed.
 #
 # On a machine with a package registry it installs the project with pip. On one without
@@ -68,6 +68,20 @@ print(json.dumps(load, indent=1))
 if load["gpu_unavailable"] or not load["gpus"] or load["gpus"][0]["util_pct"]["max"] is None:
     sys.exit(f"gpu_check: no NVML figures: {load['gpu_unavailable']}")
 PY
+
+echo "== live: 6 served cameras at 15 fps for 20 s, drivepercept-tiny fp16" | tee "$OUT/live.txt"
+python3 -m drivepercept serve-cameras sample_videos/rig.toml --port 8554 >"$OUT/serve.txt" 2>&1 &
+serve_pid=$!
+sleep 3
+cams=()
+for cam in front front_left front_right back back_left back_right; do
+    cams+=("--camera=$cam=http://127.0.0.1:8554/$cam.mjpg")
+done
+timeout 90 python3 -m drivepercept live "${cams[@]}" --device cuda --precision fp16 \
+    --duration 20 --out "$OUT/runs" --name live-fp16 --no-progress 2>&1 | tee -a "$OUT/live.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+kill "$serve_pid" 2>/dev/null
+rm -f "$OUT/runs/live-fp16/detections.jsonl"
 
 echo "== load sampler cost on the GPU" | tee "$OUT/sampler.txt"
 timeout 150 python3 scripts/bench_sampler.py --device cuda --rounds 3 2>&1 | tee -a "$OUT/sampler.txt"

@@ -5,7 +5,10 @@ replay, /metrics, SIGINT and SIGTERM."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -333,3 +336,107 @@ def test_signal_stops_within_3_s_with_valid_outputs(
     assert summary["frames"] == len(_rows(run)) == record["summary"]["frames"] > 10
     assert (run / "report.html").stat().st_size > 10_000
     json.loads((run / "trace.json").read_text())
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_over_a_minute(tmp_path: Path, server: CameraServer) -> None:
+    # given 4 live cameras at 15 fps for 60 s with the bundled model (the load sampler's RSS
+    # readings are in load.csv, on the frames' clock)
+    cams = [(n, server.url(n)) for n in NAMES]
+    options = dataclasses.replace(
+        _live(tmp_path, cams, duration_s=60.0, name="memory"), model="drivepercept-tiny"
+    )
+    result = run_replay(options)
+    with (result.run_dir / "load.csv").open() as fh:
+        samples = [(int(r["t_ns"]), float(r["process_rss_mb"])) for r in csv.DictReader(fh)]
+    t0 = samples[0][0]
+    at = {mark: next(rss for t, rss in samples if (t - t0) / 1e9 >= mark) for mark in (10, 30, 59)}
+    print(
+        f"RSS at 10 s {at[10]:.1f} MB, 30 s {at[30]:.1f} MB, 59 s {at[59]:.1f} MB; "
+        f"{result.stats.frames} frames, {sum(c.dropped for c in result.stats.cameras)} dropped"
+    )
+    # then RSS at the end is within 50 MB of RSS at 10 s
+    assert abs(at[59] - at[10]) <= 50.0
+
+
+XVFB = shutil.which("Xvfb")
+XDOTOOL = shutil.which("xdotool")
+
+
+@pytest.mark.skipif(XVFB is None or XDOTOOL is None, reason="needs Debian's xvfb and xdotool")
+def test_show_opens_a_live_window_on_a_display(tmp_path: Path, server: CameraServer) -> None:
+    assert XVFB is not None and XDOTOOL is not None
+    display = ":97"
+    xvfb = subprocess.Popen([XVFB, display, "-screen", "0", "1280x800x24", "-nolisten", "tcp"])
+    try:
+        time.sleep(1.0)
+        env = {**os.environ, "DISPLAY": display}
+        args = [f"--camera={n}={server.url(n)}" for n in NAMES[:2]]
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "drivepercept",
+                "live",
+                *args,
+                "--show",
+                "--duration",
+                "8",
+                "--out",
+                str(tmp_path),
+                "--name",
+                "show",
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        found = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and not found:
+            time.sleep(0.5)
+            found = subprocess.run(
+                [XDOTOOL, "search", "--name", "drivepercept"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+        _, err = proc.communicate(timeout=60)
+        assert found, "no drivepercept window appeared"
+        assert proc.returncode == 0, err
+        assert "no display" not in err
+    finally:
+        xvfb.terminate()
+        xvfb.wait(timeout=10)
+
+
+def test_show_without_a_display_runs_without_a_window(tmp_path: Path, server: CameraServer) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "drivepercept",
+            "live",
+            f"--camera=front={server.url('front')}",
+            "--show",
+            "--duration",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "noshow",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--show: no display" in proc.stderr
+    assert json.loads((tmp_path / "noshow" / "run.json").read_text())["summary"]["frames"] > 0

@@ -344,3 +344,23 @@ def test_no_sampler_thread_when_sampling_is_off() -> None:
         assert pipeline.sampler is None
         pipeline.run()
         assert pipeline.live_view().load is None
+
+
+def test_duration_stops_capture_and_drains_what_was_read() -> None:
+    # given two endless-ish paced cameras
+    with Pipeline(
+        cameras=[
+            ("a", FakeReader(frames=10_000, pace_s=0.01)),
+            ("b", FakeReader(frames=10_000, pace_s=0.01)),
+        ],
+        detector=make_oracle(size=(64, 64), boxes=[]),
+        config=_cpu(),
+    ) as pipeline:
+        # when the run has a duration
+        t0 = time.monotonic()
+        stats = pipeline.run(duration_s=0.5)
+        elapsed = time.monotonic() - t0
+    # then it stopped soon after, not interrupted, and every frame read came out
+    assert 0.5 <= elapsed < 0.5 + 1.5
+    assert not stats.interrupted and stats.threads_not_stopped == ()
+    assert 10 < stats.frames == sum(d.frames_read for d in pipeline.decoders)
