@@ -390,6 +390,13 @@ def _add_run_args(p: argparse.ArgumentParser, *, default_name: str) -> None:
         help="live: failures in a row before a camera is failed for good, 0 = never (8)",
     )
     p.add_argument(
+        "--open-timeout-s",
+        type=float,
+        default=5.0,
+        help="live: how long one connection attempt may take (default 5; a stop waits for "
+        "an attempt in progress)",
+    )
+    p.add_argument(
         "--read-timeout-s",
         type=float,
         default=2.0,
@@ -572,9 +579,11 @@ def _summary_table(result: ReplayResult) -> str:
     ]
     for cam in result.stats.cameras:
         lat = cam.latency_ms
+        p50, p95, p99 = (
+            "-" if math.isnan(lat[k]) else f"{lat[k]:.1f}" for k in ("p50", "p95", "p99")
+        )
         rows.append(
-            f"{cam.name:<{width}} {cam.frames:>7d} {cam.fps:>7.1f} {lat['p50']:>8.1f} "
-            f"{lat['p95']:>8.1f} {lat['p99']:>8.1f}"
+            f"{cam.name:<{width}} {cam.frames:>7d} {cam.fps:>7.1f} {p50:>8} {p95:>8} {p99:>8}"
         )
     s = result.stats
     rows.append(
@@ -650,6 +659,7 @@ def _live_options(args: argparse.Namespace) -> dict[str, Any]:
             initial_s=args.reconnect_initial_s,
             max_s=args.reconnect_max_s,
             max_attempts=args.reconnect_attempts,
+            open_timeout_s=args.open_timeout_s,
             read_timeout_s=args.read_timeout_s,
         ),
     }

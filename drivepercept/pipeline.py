@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import signal
 import threading
 import time
 from collections import deque
@@ -42,7 +43,11 @@ from drivepercept.types import Batch, DropPolicy, FrameResult, LoadSample
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 2.0
-DRAIN_TIMEOUT_S = 1.0  # after capture stops, how long in-flight frames may take to finish
+DRAIN_TIMEOUT_S = 1.0
+_STOP_SIGNALS = {
+    signal.SIGINT,
+    signal.SIGTERM,
+}  # after capture stops, how long in-flight frames may take to finish
 RECENT_FRAMES = 512  # per camera, for the live view (fps and p95 over the last second)
 
 
@@ -60,6 +65,7 @@ class CameraStats:
     fps: float  # frames over the camera's own span, first capture to last emission
     latency_ms: dict[str, float]  # p50 / p95 / p99 (within 1 %) / max end-to-end
     short_by: int = 0  # frames its container announced that could not be decoded
+    discarded: int = 0  # read, neither emitted nor dropped: still in flight at a hard stop
 
 
 @dataclass(frozen=True)
@@ -98,20 +104,25 @@ def gpu_refs(device: torch.device) -> tuple[GpuRef, ...]:
         return ()
     index = device.index or 0
     props: Any = torch.cuda.get_device_properties(index)  # pci_* are missing from its stubs
-    return (
-        GpuRef(
-            cuda_index=index,
-            pci_domain=int(props.pci_domain_id),
-            pci_bus=int(props.pci_bus_id),
-            pci_device=int(props.pci_device_id),
-        ),
-    )
+    try:
+        return (
+            GpuRef(
+                cuda_index=index,
+                pci_domain=int(props.pci_domain_id),
+                pci_bus=int(props.pci_bus_id),
+                pci_device=int(props.pci_device_id),
+            ),
+        )
+    except AttributeError:  # an older torch: no PCI address, so no safe match with NVML
+        log.warning("this torch does not report the GPU's PCI address: no GPU metrics")
+        return ()
 
 
 def histogram_percentiles_ms(h: LatencyHistogram) -> dict[str, float]:
-    """p50 / p95 / p99 (within 1 %) / max of a latency histogram (empty -> zeros)."""
+    """p50 / p95 / p99 (within 1 %) / max of a latency histogram (NaN with no frame)."""
     if h.count == 0:
-        return {"p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+        nan = float("nan")
+        return {"p50": nan, "p95": nan, "p99": nan, "max": nan}
     return {
         "p50": h.percentile(50),
         "p95": h.percentile(95),
@@ -367,6 +378,9 @@ class Pipeline:
         not_stopped = self._shutdown()
         if progress is not None:
             progress(self)
+        if self._errors and interrupted:
+            for exc in self._errors:  # the interrupt wins, but nothing is swallowed silently
+                log.error("while stopping: %s: %s", type(exc).__name__, exc)
         if self._errors and not interrupted:
             first = self._errors[0]
             raise PipelineError(one_line(f"{type(first).__name__}: {first}")) from first
@@ -406,13 +420,23 @@ class Pipeline:
             self._sinks_closed = True
         if self.sampler is not None:
             self.sampler.close()
-        closing: tuple[Sink | LoadSink, ...] = (*self.sinks, *self.load_sinks)
-        for sink in closing:
-            try:
-                sink.close()
-            except Exception as exc:  # one sink failing to close must not lose the others
-                log.error("closing %s failed: %s", type(sink).__name__, exc)
-                self._errors.append(exc)
+        # A second Ctrl-C (or SIGTERM) while files are being finished would leave the later
+        # ones unflushed: hold the signals until every sink is closed, then let them in.
+        hold = threading.current_thread() is threading.main_thread() and hasattr(
+            signal, "pthread_sigmask"
+        )
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS) if hold else None
+        try:
+            closing: tuple[Sink | LoadSink, ...] = (*self.sinks, *self.load_sinks)
+            for sink in closing:
+                try:
+                    sink.close()
+                except Exception as exc:  # one sink failing to close must not lose the others
+                    log.error("closing %s failed: %s", type(sink).__name__, exc)
+                    self._errors.append(exc)
+        finally:
+            if held is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def close(self) -> None:
         """Stop and join everything (idempotent)."""
@@ -462,6 +486,7 @@ class Pipeline:
                 fps=frames[i] / spans[i] if spans[i] > 0 else 0.0,
                 latency_ms=lat[i],
                 short_by=self.decoders[i].short_by,
+                discarded=max(0, self.decoders[i].frames_read - frames[i] - dropped[i]),
             )
             for i, name in enumerate(self.names)
         )

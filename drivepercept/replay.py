@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import platform
 import re
 import threading
@@ -238,7 +239,10 @@ def stats_summary(stats: RunStats) -> dict[str, Any]:
                 "dropped": c.dropped,
                 "fps": round(c.fps, 3),
                 "frames_missing_from_source": c.short_by,
-                "end_to_end_ms": {k: round(v, 3) for k, v in c.latency_ms.items()},
+                "discarded_at_stop": c.discarded,
+                "end_to_end_ms": {
+                    k: None if math.isnan(v) else round(v, 3) for k, v in c.latency_ms.items()
+                },
             }
             for c in stats.cameras
         },
@@ -248,7 +252,7 @@ def stats_summary(stats: RunStats) -> dict[str, Any]:
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror}") from None
@@ -295,7 +299,7 @@ def _open_sources(
                     source=camera_source(cam),
                     policy=options.reconnect,
                     stop=capture_stop,
-                    realtime=options.mode == "realtime",
+                    realtime=options.mode != "replay",  # a file in a live rig plays live
                 )
             )
     except BaseException:
@@ -324,20 +328,31 @@ def _camera_snapshots(pipeline: Pipeline) -> dict[str, CameraSnapshot]:
     return out
 
 
-def live_record(readers: Sequence[FrameReader], names: Sequence[str]) -> dict[str, Any] | None:
-    """Per live camera: final state, connects, downtime and every state change (run.json)."""
+def live_record(pipeline: Pipeline) -> dict[str, Any] | None:
+    """Per live camera (run.json): final state, connects, down time, outages, the frames lost
+    in them (estimated from the camera's own arrival rate while it streamed) and every state
+    change. None for a replay of files."""
     now = time.monotonic_ns()
     out = {}
-    for name, r in zip(names, readers, strict=True):
+    for d in pipeline.decoders:
+        r = d.reader
         if not isinstance(r, LiveSource):
             return None
-        out[name] = {
+        changes = r.changes()
+        down, outage, streamed = r.totals_s(now)
+        rate = d.frames_read / streamed if streamed > 0 else 0.0
+        out[d.camera] = {
             "source": r.source,
             "state": r.state.value,
             "connects": r.connects,
-            "downtime_s": round(r.downtime_s(now), 3),
+            "failed_attempts": r.failed_attempts,
+            "downtime_s": round(down, 3),
+            "outage_s": round(outage, 3),
+            "frames_received": d.frames_read,
+            "arrival_fps": round(rate, 3),
+            "frames_lost_estimate": round(outage * rate),
             "changes": [
-                {"t_ns": c.t_ns, "state": c.state.value, "detail": c.detail} for c in r.changes()
+                {"t_ns": c.t_ns, "state": c.state.value, "detail": c.detail} for c in changes
             ],
         }
     return out
@@ -383,15 +398,9 @@ def run_replay(
             sinks.append(exporter.frames_sink)
             load_sinks.append(exporter.load_sink)
         if options.show:
-            try:
-                sinks.append(
-                    DisplaySink(
-                        [c.name for c in cams],
-                        on_quit=lambda: _stop_capture(pipeline_ref),
-                    )
-                )
-            except OutputError as exc:
-                log.warning("%s; running without a window", exc)
+            sinks.append(
+                DisplaySink([c.name for c in cams], on_quit=lambda: _stop_capture(pipeline_ref))
+            )
         if options.save_video:
             fps = {c.name: r.info.fps or 15.0 for c, r in zip(cams, readers, strict=True)}
             sinks.append(
@@ -451,7 +460,7 @@ def run_replay(
             except Exception as report_exc:  # the run's own error is the one to report
                 log.error("the report of the failed run could not be written: %s", report_exc)
             raise
-        live = live_record(readers, [c.name for c in cams])
+        live = live_record(pipeline)
         failed = [n for n, rec in (live or {}).items() if rec["state"] == "failed"]
         record["status"] = "interrupted" if stats.interrupted else "complete"
         if failed and len(failed) == len(cams):
@@ -506,7 +515,7 @@ def _final_record(
         record["telemetry"] = pipeline.sampler.info.as_dict()
         record["telemetry"]["samples"] = pipeline.sampler.samples_taken
     record["sources"] = _sources_record(cams, readers)  # live sizes are known once connected
-    live = live_record(readers, [c.name for c in cams])
+    live = live_record(pipeline)
     if live is not None:
         record["live"] = live
     _write_json(run_dir / "run.json", record)

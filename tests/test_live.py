@@ -24,6 +24,8 @@ from drivepercept.sources.live import (
     downtime_s,
     is_device,
     is_stream,
+    outage_s,
+    streaming_s,
 )
 from drivepercept.sources.readers import FrameReader, SourceError
 
@@ -90,9 +92,33 @@ def test_a_stream_that_drops_reconnects_and_then_fails_for_good(stop: threading.
     assert states[:4] == ["connecting", "reconnecting", "streaming", "reconnecting"]
     assert states.count("streaming") == 2
     assert states[-1] == "failed"
-    assert "gave up after 4 attempts" in source.changes()[-1].detail
+    assert "gave up after 4 failed attempts: connection refused" in source.changes()[-1].detail
     assert script.attempts == 1 + 1 + 1 + 4
-    assert source.downtime_s() > 0
+    assert source.failed_attempts == 5
+    now = time.monotonic_ns()
+    down, outage, streaming = source.totals_s(now)
+    assert down > outage > 0 and streaming > 0
+    # the running totals agree with the pure functions over the kept changes
+    assert down == pytest.approx(downtime_s(source.changes(), now), abs=1e-9)
+    assert outage == pytest.approx(outage_s(source.changes(), now), abs=1e-9)
+
+
+def test_a_stream_that_connects_but_never_delivers_backs_off_and_fails(
+    stop: threading.Event,
+) -> None:
+    # given a server that accepts every connection and sends nothing
+    script = Script(*([0] * 100))
+    policy = ReconnectPolicy(initial_s=0.02, max_s=0.08, max_attempts=4)
+    source = LiveSource(camera="cam", source="rtsp://mute", policy=policy, stop=stop, opener=script)
+    t0 = time.monotonic()
+    # when it is read
+    assert source.read() is None
+    # then it backed off between attempts (0.02 + 0.04 + 0.08 s) and gave up after 4
+    assert time.monotonic() - t0 >= 0.14
+    assert script.attempts == 4
+    assert source.state == CameraState.FAILED
+    assert "no frame arrived" in source.changes()[-1].detail
+    assert len(source.changes()) < 20
 
 
 def test_stop_interrupts_a_reconnect_wait(stop: threading.Event) -> None:
@@ -120,6 +146,9 @@ def test_downtime_is_the_time_not_streaming() -> None:
     assert downtime_s(changes, now_ns=20 * s) == 3.0  # 0-1 and 5-7; ended is not down
     assert downtime_s(changes[:3], now_ns=8 * s) == 4.0  # still reconnecting at 8 s
     assert downtime_s([], now_ns=5) == 0.0
+    assert outage_s(changes, now_ns=20 * s) == 2.0  # 5-7: the initial connect is no outage
+    assert outage_s(changes[:1], now_ns=20 * s) == 0.0  # never streamed
+    assert streaming_s(changes, now_ns=20 * s) == 6.0  # 1-5 and 7-9
 
 
 def _video(path: Path, frames: int, fps: float) -> Path:

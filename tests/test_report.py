@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from drivepercept.cli import main
-from drivepercept.report import load_run, write_comparison, write_report
+from drivepercept.report import build_trace, load_run, write_comparison, write_report
 from drivepercept.sinks import FrameTimingCsvSink, LoadCsvSink
 from drivepercept.telemetry import STAGE_SPANS
 from drivepercept.types import Detections, FrameResult, FrameTiming, GpuSample, LoadSample
@@ -247,6 +247,15 @@ def test_trace_has_a_track_per_camera_and_stage(tmp_path: Path) -> None:
     assert {e["name"] for e in counters} >= {"CPU %", "GPU0 util %", "GPU0 power W"}
 
 
+def test_trace_of_a_long_run_keeps_the_last_frames(tmp_path: Path) -> None:
+    data = load_run(_hand_run(tmp_path / "hand"))
+    trace = build_trace(data, max_frames=3)
+    decode = [e for e in trace["traceEvents"] if e.get("name") == "decode"]
+    assert len(decode) == 3 and trace["otherData"]["frames_left_out"] == 3
+    # the three emitted last: L2 (230 ms), L3 (340 ms) and R2 (354 ms)
+    assert sorted(e["args"]["frame"] for e in decode) == [2, 2, 3]
+
+
 def test_compare_two_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = _hand_run(tmp_path / "a")
     slower = [
@@ -301,6 +310,7 @@ def test_corrupt_frames_csv_line_is_named_and_the_rest_reported(
 ) -> None:
     run = _hand_run(tmp_path / "hand")
     lines = (run / "frames.csv").read_text().splitlines(keepends=True)
+    lines[2] = '"unterminated,quote\n'  # line 3: must not swallow the lines after it
     lines[3] = "left,0,zz,not,a,number\n"  # line 4 of the file
     lines[5] = lines[5].replace(",", ",x", 1)  # a stray field: wrong width
     (run / "frames.csv").write_text("".join(lines))
@@ -308,11 +318,27 @@ def test_corrupt_frames_csv_line_is_named_and_the_rest_reported(
     err = capsys.readouterr().err
     assert code == 1
     assert err.count("\n") == 1
-    assert "frames.csv line 4" in err and "(and 1 more" in err
+    assert "frames.csv line 3" in err and "(and 2 more" in err
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["frames"] == 4
-    assert any("line 6" in p for p in summary["problems"])
+    assert summary["frames"] == 3
+    assert [p.split(":")[0] for p in summary["problems"]] == [
+        "frames.csv line 3",
+        "frames.csv line 4",
+        "frames.csv line 6",
+    ]
     assert "frames.csv line 4" in (run / "report.html").read_text()
+
+
+def test_run_json_with_wrong_types_is_named_not_a_traceback(tmp_path: Path) -> None:
+    run = _hand_run(tmp_path / "hand", summary=None, live=None, model="x", sources=5)
+    record = json.loads((run / "run.json").read_text())
+    record["summary"], record["live"] = [], "nope"
+    (run / "run.json").write_text(json.dumps(record))
+    result = write_report(run)
+    assert result.summary["frames"] == 6
+    assert any("model should be a dict" in p for p in result.problems)
+    assert any("sources should be a list" in p for p in result.problems)
+    assert any("live should be a dict" in p for p in result.problems)
 
 
 # --- the real thing: a replay of the sample rig ---------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -365,9 +366,50 @@ def test_unsupported_nvml_metric_is_nan_and_named(stop: threading.Event) -> None
 
 def test_a_gpu_nvml_does_not_list_is_a_reason_not_a_crash(stop: threading.Event) -> None:
     ref = GpuRef(cuda_index=3, pci_domain=0, pci_bus=0x99, pci_device=0)
-    sampler = LoadSampler(stop=stop, gpus=[ref], nvml_importer=_fake_nvml)
+    nvml = _fake_nvml()
+    shutdowns: list[bool] = []
+    nvml.nvmlShutdown = lambda: shutdowns.append(True)
+    sampler = LoadSampler(stop=stop, gpus=[ref], nvml_importer=lambda: nvml)
     assert "no GPU at PCI" in (sampler.info.gpu_unavailable or "")
     assert sampler.sample().gpus == ()
+    assert shutdowns == [True]  # NVML was initialised, so it is shut down again
+
+
+def test_no_utilization_and_no_power_limit_are_nan_and_json_null(stop: threading.Event) -> None:
+    # given a GPU (a MIG instance, say) without utilization or an enforced power limit
+    nvml = _fake_nvml()
+
+    def unsupported(h: int) -> Any:
+        raise _NvmlError("Not Supported")
+
+    nvml.nvmlDeviceGetUtilizationRates = unsupported
+    nvml.nvmlDeviceGetEnforcedPowerLimit = unsupported
+    ref = GpuRef(cuda_index=0, pci_domain=0, pci_bus=0x17, pci_device=0)
+    sampler = LoadSampler(stop=stop, gpus=[ref], nvml_importer=lambda: nvml)
+    (g,) = sampler.sample().gpus
+    assert math.isnan(g.util_pct) and math.isnan(g.power_limit_w)
+    assert g.mem_used_bytes == 3 << 30 and g.temperature_c == 61.0
+    info = sampler.info.as_dict()
+    assert info["gpus"][0]["power_limit_w"] is None
+    assert "util_pct" in info["unsupported"]
+    json.dumps(info, allow_nan=False)
+
+
+def test_a_gpu_that_breaks_mid_run_stops_gpu_sampling_not_the_run(
+    stop: threading.Event,
+) -> None:
+    nvml = _fake_nvml()
+    ref = GpuRef(cuda_index=0, pci_domain=0, pci_bus=0x17, pci_device=0)
+    sampler = LoadSampler(stop=stop, gpus=[ref], nvml_importer=lambda: nvml)
+    assert len(sampler.sample().gpus) == 1
+
+    def gone(h: int) -> Any:
+        raise RuntimeError("GPU has fallen off the bus")
+
+    nvml.nvmlDeviceGetMemoryInfo = gone
+    later = sampler.sample()
+    assert later.gpus == () and later.process_rss_bytes > 0
+    assert "fallen off the bus" in (sampler.info.gpu_unavailable or "")
 
 
 def test_throttle_names() -> None:

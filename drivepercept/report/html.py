@@ -195,13 +195,22 @@ def live_section(summary: dict[str, Any], origin_ns: int) -> str:
                 name,
                 live["state"],
                 fmt(live["connects"]),
-                fmt(live["reconnect_attempts"]),
+                fmt(live.get("failed_attempts")),
                 fmt(live["downtime_s"], 2),
+                fmt(live.get("frames_lost_estimate")),
                 esc(changes),
             ]
         )
     return "<h2>Cameras</h2>" + table(
-        ["camera", "final state", "connects", "reconnect attempts", "down s", "state changes"],
+        [
+            "camera",
+            "final state",
+            "connects",
+            "failed attempts",
+            "down s",
+            "frames lost in outages (est.)",
+            "state changes",
+        ],
         rows,
         left=2,
     )
@@ -257,8 +266,11 @@ model <b>{esc(model.get("name"))}</b> &middot; device <b>{
 {latency_table(summary)}
 {live_section(summary, tl.origin_ns)}
 <p class="note">Latency is capture (the frame read from its source) to emission (boxes handed to
-the outputs). Percentiles interpolate between ranks. "dropped" is the pipeline's own count;
-"index gaps" counts source frames missing between the processed ones.</p>
+the outputs). For a live camera, capture is when the frame arrived in this process, after the
+network and the decoder (time inside the camera and on the wire is not visible here); for a
+real-time replay, when the file's frame fell due. Percentiles interpolate between ranks.
+"dropped" is the pipeline's own count; "index gaps" counts source frames missing between
+the processed ones.</p>
 {plots_html}
 <h2>Load</h2>
 {load_section(summary, data)}

@@ -30,6 +30,18 @@ _INT_COLUMNS = ("camera_index", "frame_index", "batch_index", "batch_size", "det
 _REQUIRED = ("camera", *_INT_COLUMNS[:4], "capture_ns", "emitted_ns")
 
 
+_RUN_JSON_TYPES: dict[str, type] = {
+    "model": dict,
+    "config": dict,
+    "environment": dict,
+    "sources": list,
+    "telemetry": dict,
+    "summary": dict,
+    "live": dict,
+    "status": str,
+}
+
+
 class ReportError(DrivePerceptError):
     """The folder cannot be reported on at all (missing, not a run folder, no frames file)."""
 
@@ -108,6 +120,16 @@ def _read_run_json(path: Path, problems: _Problems) -> dict[str, Any]:
     if not isinstance(data, dict):
         problems.add(f"{RUN_JSON} is not a JSON object")
         return {}
+    for key, kind in _RUN_JSON_TYPES.items():
+        value = data.get(key)
+        if value is not None and not isinstance(value, kind):
+            problems.add(
+                f"{RUN_JSON}: {key} should be a {kind.__name__}, got {type(value).__name__}; "
+                "ignored"
+            )
+            del data[key]
+    if isinstance(data.get("sources"), list):
+        data["sources"] = [s for s in data["sources"] if isinstance(s, dict)]
     status = data.get("status")
     if status == "running":
         problems.add(
@@ -157,7 +179,9 @@ def read_frames_csv(path: Path, problems: _Problems, cameras: list[str]) -> Time
     stamp_cols = [s for s in STAMPS if f"{s}_ns" in col]
     ints: dict[str, list[int]] = {c: [] for c in (*_INT_COLUMNS, *stamp_cols)}
     names_by_index: dict[int, str] = dict(enumerate(cameras))
-    for lineno, row in enumerate(csv.reader(lines[1:]), start=2):
+    for lineno, line in enumerate(lines[1:], start=2):
+        # one line at a time: a stray quote must not swallow the lines after it
+        row = next(csv.reader([line]), [])
         if not row:
             continue
         if len(row) != len(header):

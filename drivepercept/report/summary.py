@@ -16,7 +16,8 @@ frames/s, null where there is nothing to measure):
 - cameras: {name: {frames, throughput_fps, end_to_end_ms, deadline, stages, dropped (the
   pipeline's count, from run.json; null if unknown), frame_index_gaps (source frames missing
   between the ones processed), frames_missing_from_source, live (live and real-time runs:
-  {source, state, connects, reconnect_attempts, downtime_s, changes: [{t_ns, state,
+  {source, state, connects, failed_attempts (opens that failed and connections that gave no
+  frame), downtime_s, changes: [{t_ns, state,
   detail}]}, else null)}};
 - throughput: {window_s, start_s[], total_fps[], cameras: {name: fps[]}} per window of
   emission time;
@@ -114,7 +115,6 @@ def _live_camera(record: Any, run: dict[str, Any], camera: str) -> dict[str, Any
     if not isinstance(record, dict):
         return None
     changes = [c for c in record.get("changes", []) if isinstance(c, dict)]
-    outages = sum(1 for c in changes if c.get("state") == "reconnecting")
     fps = next(
         (
             s.get("fps")
@@ -127,8 +127,11 @@ def _live_camera(record: Any, run: dict[str, Any], camera: str) -> dict[str, Any
         "source": record.get("source"),
         "state": record.get("state"),
         "connects": record.get("connects"),
-        "reconnect_attempts": outages,
+        "failed_attempts": record.get("failed_attempts"),
         "downtime_s": record.get("downtime_s"),
+        "outage_s": record.get("outage_s"),
+        "frames_received": record.get("frames_received"),
+        "frames_lost_estimate": record.get("frames_lost_estimate"),
         "changes": changes,
         "fps_nominal": fps,
     }

@@ -21,6 +21,7 @@ import enum
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from drivepercept.types import ImageU8
 
 log = logging.getLogger(__name__)
 
+MAX_CHANGES = 1000  # state changes kept per camera (totals are kept apart, unbounded)
 STREAM_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://", "rtmp://")
 
 
@@ -141,14 +143,21 @@ class LiveSource:
         self.opener = opener
         self.live = is_stream(source) or is_device(source)
         self._lock = threading.Lock()
-        self._changes: list[StateChange] = []
+        self._changes: deque[StateChange] = deque(maxlen=MAX_CHANGES)
         self._reader: FrameReader | None = None
-        self._pace_origin: float | None = None
+        self._pace_origin: int | None = None
         self.info = SourceInfo(0, 0, 0.0, -1)
         # when the last frame arrived (a stream) or fell due (a paced file): its capture time,
         # not the start of a read() that waited for it
         self.arrived_ns = 0
         self.connects = 0
+        self.failed_attempts = 0  # opens that failed, and connections that gave no frame
+        self._failures = 0  # the same, since the last frame: drives backoff and giving up
+        self._last_error = ""
+        self._delivered = False  # a frame came on the current connection
+        # running totals, so the kept change list can be bounded (MAX_CHANGES)
+        self._down_ns = self._outage_ns = self._streaming_ns = 0
+        self._streamed = False
         self._set(CameraState.CONNECTING, source)
         if not self.live:  # a file: a bad path is the user's error, now, on this thread
             self._attach(opener(source, policy))
@@ -158,12 +167,13 @@ class LiveSource:
     def _set(self, state: CameraState, detail: str = "") -> None:
         change = StateChange(time.monotonic_ns(), state, detail)
         with self._lock:
-            if (
-                self._changes
-                and self._changes[-1].state == state
-                and state != CameraState.RECONNECTING
-            ):
-                return
+            last = self._changes[-1] if self._changes else None
+            if last is not None:
+                if last.state == state and state != CameraState.RECONNECTING:
+                    return
+                self._account(last, change.t_ns)
+            if state == CameraState.STREAMING:
+                self._streamed = True
             self._changes.append(change)
         level = (
             logging.WARNING
@@ -174,55 +184,95 @@ class LiveSource:
             level, "camera %s: %s%s", self.camera, state.value, f" ({detail})" if detail else ""
         )
 
+    def _account(self, last: StateChange, until_ns: int) -> None:
+        """Add the time spent in `last` to the running totals (lock held)."""
+        spent = max(0, until_ns - last.t_ns)
+        if last.state == CameraState.STREAMING:
+            self._streaming_ns += spent
+        elif last.state != CameraState.ENDED:
+            self._down_ns += spent
+            if self._streamed:
+                self._outage_ns += spent
+
     @property
     def state(self) -> CameraState:
         with self._lock:
             return self._changes[-1].state
 
     def changes(self) -> list[StateChange]:
+        """The kept state changes (the last MAX_CHANGES), oldest first."""
         with self._lock:
             return list(self._changes)
 
+    def totals_s(self, now_ns: int | None = None) -> tuple[float, float, float]:
+        """(down, outage, streaming) seconds until now: down is any time not streaming
+        before `ended`; an outage is down time after the first frame stream."""
+        now = now_ns if now_ns is not None else time.monotonic_ns()
+        with self._lock:
+            down, outage, streaming = self._down_ns, self._outage_ns, self._streaming_ns
+            last = self._changes[-1]
+            spent = max(0, now - last.t_ns)
+            if last.state == CameraState.STREAMING:
+                streaming += spent
+            elif last.state != CameraState.ENDED:
+                down += spent
+                outage += spent if self._streamed else 0
+        return down / 1e9, outage / 1e9, streaming / 1e9
+
     def downtime_s(self, now_ns: int | None = None) -> float:
         """Time not streaming from the first change to now (or to `ended`)."""
-        return downtime_s(self.changes(), now_ns if now_ns is not None else time.monotonic_ns())
+        return self.totals_s(now_ns)[0]
 
     # ------------------------------------------------------------------ reading
 
     def _attach(self, reader: FrameReader) -> None:
         self._reader = reader
+        self._delivered = False
         self.info = reader.info
         self.connects += 1
         self._set(CameraState.STREAMING, f"{reader.info.width}x{reader.info.height}")
 
     def _connect(self) -> bool:
-        """Open with retries; False when the camera failed for good or stop was set."""
-        attempt = 0
+        """Open, backing off after failures; False when the camera failed for good or stop
+        was set. Failures count until a frame arrives, so a stream that accepts connections
+        but delivers nothing backs off and gives up like one that refuses them."""
         while not self.stop.is_set():
-            attempt += 1
+            if self._failures:
+                if self.policy.max_attempts and self._failures >= self.policy.max_attempts:
+                    self._set(
+                        CameraState.FAILED,
+                        f"gave up after {self._failures} failed attempts: {self._last_error}",
+                    )
+                    return False
+                if self.stop.wait(self.policy.delay_s(self._failures)):
+                    return False
             try:
                 self._attach(self.opener(self.source, self.policy))
                 return True
             except SourceError as exc:
-                if self.policy.max_attempts and attempt >= self.policy.max_attempts:
-                    self._set(CameraState.FAILED, f"gave up after {attempt} attempts: {exc}")
-                    return False
-                delay = self.policy.delay_s(attempt)
-                self._set(
-                    CameraState.RECONNECTING,
-                    f"attempt {attempt} failed: {exc}; retry in {delay:g} s",
-                )
-                if self.stop.wait(delay):
-                    return False
+                self._fail(str(exc))
         return False
 
-    def _pace(self, pts_s: float) -> bool:
-        """Wait until the frame's time comes (real-time replay); False if stopped meanwhile."""
-        now = time.monotonic()
+    def _fail(self, reason: str) -> None:
+        self._failures += 1
+        self.failed_attempts += 1
+        self._last_error = reason
+        delay = self.policy.delay_s(self._failures)
+        self._set(
+            CameraState.RECONNECTING,
+            f"attempt {self._failures} failed: {reason}; retry in {delay:g} s",
+        )
+
+    def _pace(self, pts_s: float) -> int | None:
+        """Wait until the frame falls due (real-time replay); its due time on the monotonic
+        clock (ns), or None if stopped meanwhile."""
+        now = time.monotonic_ns()
         if self._pace_origin is None:
-            self._pace_origin = now - pts_s
-        wait = self._pace_origin + pts_s - now
-        return not (wait > 0 and self.stop.wait(wait))
+            self._pace_origin = now - round(pts_s * 1e9)
+        due = self._pace_origin + round(pts_s * 1e9)
+        if due > now and self.stop.wait((due - now) / 1e9):
+            return None
+        return due
 
     def read(self) -> tuple[ImageU8, float] | None:
         while not self.stop.is_set():
@@ -232,16 +282,26 @@ class LiveSource:
                 continue
             got = self._reader.read()
             if got is not None:
-                if self.realtime and not self.live and not self._pace(got[1]):
-                    return None
-                self.arrived_ns = time.monotonic_ns()
+                if self.realtime and not self.live:
+                    due_ns = self._pace(got[1])
+                    if due_ns is None:
+                        return None
+                    # a late frame keeps its due time: falling behind shows as latency
+                    self.arrived_ns = due_ns
+                else:
+                    self.arrived_ns = time.monotonic_ns()
+                self._delivered = True
+                self._failures = 0
                 return got
             self._reader.close()
             self._reader = None
             if not self.live:
                 self._set(CameraState.ENDED, "end of file")
                 return None
-            self._set(CameraState.RECONNECTING, "the stream stopped delivering frames")
+            if self._delivered:
+                self._set(CameraState.RECONNECTING, "the stream stopped delivering frames")
+            else:
+                self._fail("connected, but no frame arrived")
         return None
 
     def close(self) -> None:
@@ -264,3 +324,21 @@ def downtime_s(changes: list[StateChange], now_ns: int) -> float:
         if change.state != CameraState.STREAMING:
             down += max(0, end - change.t_ns)
     return down / 1e9
+
+
+def outage_s(changes: list[StateChange], now_ns: int) -> float:
+    """Down time after the camera first streamed: the outages, without the initial connect."""
+    first = next((k for k, c in enumerate(changes) if c.state == CameraState.STREAMING), None)
+    return 0.0 if first is None else downtime_s(changes[first:], now_ns)
+
+
+def streaming_s(changes: list[StateChange], now_ns: int) -> float:
+    """Time spent streaming, until now or the first `ended`."""
+    total = 0
+    for k, change in enumerate(changes):
+        if change.state == CameraState.ENDED:
+            break
+        end = changes[k + 1].t_ns if k + 1 < len(changes) else now_ns
+        if change.state == CameraState.STREAMING:
+            total += max(0, end - change.t_ns)
+    return total / 1e9

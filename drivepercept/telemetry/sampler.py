@@ -93,10 +93,18 @@ class SamplerInfo:
     unsupported: tuple[str, ...]  # metrics this GPU does not report (NaN in the samples)
 
     def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (a figure NVML does not give, NaN here, is null there)."""
+
+        def clean(info: GpuInfo) -> dict[str, Any]:
+            return {
+                k: None if isinstance(v, float) and math.isnan(v) else v
+                for k, v in vars(info).items()
+            }
+
         return {
             "rate_hz": self.rate_hz,
             "cpu_count": self.cpu_count,
-            "gpus": [vars(g) for g in self.gpus],
+            "gpus": [clean(g) for g in self.gpus],
             "driver_version": self.driver_version,
             "nvml_version": self.nvml_version,
             "gpu_unavailable": self.gpu_unavailable,
@@ -118,6 +126,14 @@ class NvmlReader:
     def __init__(self, nvml: Any, refs: Sequence[GpuRef]) -> None:
         self.nvml = nvml
         nvml.nvmlInit()
+        try:
+            self._open(refs)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, refs: Sequence[GpuRef]) -> None:
+        nvml = self.nvml
         self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
         self.nvml_version = _text(nvml.nvmlSystemGetNVMLVersion())
         by_pci: dict[tuple[int, int, int], int] = {}
@@ -170,21 +186,33 @@ class NvmlReader:
             log.debug("NVML %s unavailable: %s", metric, exc)
             return math.nan
 
+    def _read_struct(self, metric: str, fn: Callable[..., Any], *args: Any) -> Any | None:
+        """fn(*args), or None from now on if NVML cannot give it (utilization on a MIG
+        instance, for one)."""
+        if metric in self.unsupported:
+            return None
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError as exc:
+            self.unsupported.add(metric)
+            log.debug("NVML %s unavailable: %s", metric, exc)
+            return None
+
     def sample(self) -> tuple[GpuSample, ...]:
         nvml = self.nvml
         out = []
         for info, h in zip(self.infos, self.handles, strict=True):
-            util = nvml.nvmlDeviceGetUtilizationRates(h)
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            util = self._read_struct("util_pct", nvml.nvmlDeviceGetUtilizationRates, h)
+            mem = self._read_struct("mem_used_bytes", nvml.nvmlDeviceGetMemoryInfo, h)
             throttle = self._read("throttle_reasons", self._reasons_fn, h)
             pcie = nvml.nvmlDeviceGetPcieThroughput
             out.append(
                 GpuSample(
                     index=info.index,
-                    util_pct=float(util.gpu),
-                    mem_util_pct=float(util.memory),
-                    mem_used_bytes=float(mem.used),
-                    mem_total_bytes=float(mem.total),
+                    util_pct=float(util.gpu) if util is not None else math.nan,
+                    mem_util_pct=float(util.memory) if util is not None else math.nan,
+                    mem_used_bytes=float(mem.used) if mem is not None else math.nan,
+                    mem_total_bytes=float(mem.total) if mem is not None else math.nan,
                     power_w=self._read("power_w", nvml.nvmlDeviceGetPowerUsage, h, scale=1e-3),
                     power_limit_w=info.power_limit_w,
                     temperature_c=self._read(
@@ -309,7 +337,15 @@ class LoadSampler:
         t_ns = time.monotonic_ns()
         per_core = tuple(float(v) for v in psutil.cpu_percent(None, percpu=True))
         mem = psutil.virtual_memory()
-        gpus = self._nvml.sample() if self._nvml is not None else ()
+        gpus: tuple[GpuSample, ...] = ()
+        if self._nvml is not None:
+            try:
+                gpus = self._nvml.sample()
+            except Exception as exc:  # a GPU gone from the bus must not stop detection
+                log.error("GPU sampling stopped: %s", exc)
+                self._reason = f"GPU sampling stopped mid-run: {type(exc).__name__}: {exc}"
+                self.close()
+                self._nvml = None
         return LoadSample(
             t_ns=t_ns,
             process_cpu_pct=float(self._process.cpu_percent(None)),
