@@ -21,11 +21,9 @@ from drivepercept.sources.live import (
     CameraState,
     LiveSource,
     StateChange,
-    downtime_s,
     is_device,
     is_stream,
-    outage_s,
-    streaming_s,
+    totals,
 )
 from drivepercept.sources.readers import FrameReader, SourceError
 
@@ -98,9 +96,8 @@ def test_a_stream_that_drops_reconnects_and_then_fails_for_good(stop: threading.
     now = time.monotonic_ns()
     down, outage, streaming = source.totals_s(now)
     assert down > outage > 0 and streaming > 0
-    # the running totals agree with the pure functions over the kept changes
-    assert down == pytest.approx(downtime_s(source.changes(), now), abs=1e-9)
-    assert outage == pytest.approx(outage_s(source.changes(), now), abs=1e-9)
+    # the running totals agree with the pure fold over the kept changes
+    assert (down, outage, streaming) == totals(source.changes(), now).seconds
 
 
 def test_a_stream_that_connects_but_never_delivers_backs_off_and_fails(
@@ -134,7 +131,7 @@ def test_stop_interrupts_a_reconnect_wait(stop: threading.Event) -> None:
     assert source.state == CameraState.ENDED
 
 
-def test_downtime_is_the_time_not_streaming() -> None:
+def test_totals_of_down_outage_and_streaming_time() -> None:
     s = 1_000_000_000
     changes = [
         StateChange(0, CameraState.CONNECTING),
@@ -143,12 +140,12 @@ def test_downtime_is_the_time_not_streaming() -> None:
         StateChange(7 * s, CameraState.STREAMING),
         StateChange(9 * s, CameraState.ENDED),
     ]
-    assert downtime_s(changes, now_ns=20 * s) == 3.0  # 0-1 and 5-7; ended is not down
-    assert downtime_s(changes[:3], now_ns=8 * s) == 4.0  # still reconnecting at 8 s
-    assert downtime_s([], now_ns=5) == 0.0
-    assert outage_s(changes, now_ns=20 * s) == 2.0  # 5-7: the initial connect is no outage
-    assert outage_s(changes[:1], now_ns=20 * s) == 0.0  # never streamed
-    assert streaming_s(changes, now_ns=20 * s) == 6.0  # 1-5 and 7-9
+    # down 0-1 and 5-7 (ended is not down); outage 5-7 (the initial connect is none);
+    # streaming 1-5 and 7-9
+    assert totals(changes, now_ns=20 * s).seconds == (3.0, 2.0, 6.0)
+    assert totals(changes[:3], now_ns=8 * s).seconds == (4.0, 3.0, 4.0)  # reconnecting at 8 s
+    assert totals(changes[:1], now_ns=20 * s).seconds == (20.0, 0.0, 0.0)  # never streamed
+    assert totals([], now_ns=5).seconds == (0.0, 0.0, 0.0)
 
 
 def _video(path: Path, frames: int, fps: float) -> Path:

@@ -18,31 +18,29 @@ from drivepercept.report.rundir import RunData
 
 @dataclass(frozen=True)
 class KeyFigure:
-    """One compared figure: its label, where it lives in summary.json, and whether more is
-    better (for the reader; ratios are always B / A)."""
+    """One compared figure: its label and where it lives in summary.json."""
 
     label: str
     path: tuple[str | int, ...]
-    higher_is_better: bool
 
 
 KEY_FIGURES: tuple[KeyFigure, ...] = (
-    KeyFigure("frames", ("frames",), True),
-    KeyFigure("throughput fps", ("throughput_fps",), True),
-    KeyFigure("end-to-end p50 ms", ("end_to_end_ms", "p50_ms"), False),
-    KeyFigure("end-to-end p95 ms", ("end_to_end_ms", "p95_ms"), False),
-    KeyFigure("end-to-end p99 ms", ("end_to_end_ms", "p99_ms"), False),
-    KeyFigure("end-to-end max ms", ("end_to_end_ms", "max_ms"), False),
-    KeyFigure("deadline miss rate", ("deadline", "miss_rate"), False),
-    KeyFigure("inference p50 ms", ("stages", "inference", "p50_ms"), False),
-    KeyFigure("batch wait p95 ms", ("stages", "batch_wait", "p95_ms"), False),
-    KeyFigure("mean batch size", ("batches", "mean_size"), True),
-    KeyFigure("capture spread p95 ms", ("batches", "capture_spread_ms", "p95_ms"), False),
-    KeyFigure("process CPU % mean", ("load", "process_cpu_pct", "mean"), False),
-    KeyFigure("process RSS MB max", ("load", "process_rss_mb", "max"), False),
-    KeyFigure("GPU util % mean", ("load", "gpus", 0, "util_pct", "mean"), True),
-    KeyFigure("GPU memory MB max", ("load", "gpus", 0, "mem_used_mb", "max"), False),
-    KeyFigure("GPU power W mean", ("load", "gpus", 0, "power_w", "mean"), False),
+    KeyFigure("frames", ("frames",)),
+    KeyFigure("throughput fps", ("throughput_fps",)),
+    KeyFigure("end-to-end p50 ms", ("end_to_end_ms", "p50_ms")),
+    KeyFigure("end-to-end p95 ms", ("end_to_end_ms", "p95_ms")),
+    KeyFigure("end-to-end p99 ms", ("end_to_end_ms", "p99_ms")),
+    KeyFigure("end-to-end max ms", ("end_to_end_ms", "max_ms")),
+    KeyFigure("deadline miss rate", ("deadline", "miss_rate")),
+    KeyFigure("inference p50 ms", ("stages", "inference", "p50_ms")),
+    KeyFigure("batch wait p95 ms", ("stages", "batch_wait", "p95_ms")),
+    KeyFigure("mean batch size", ("batches", "mean_size")),
+    KeyFigure("capture spread p95 ms", ("batches", "capture_spread_ms", "p95_ms")),
+    KeyFigure("process CPU % mean", ("load", "process_cpu_pct", "mean")),
+    KeyFigure("process RSS MB max", ("load", "process_rss_mb", "max")),
+    KeyFigure("GPU util % mean", ("load", "gpus", 0, "util_pct", "mean")),
+    KeyFigure("GPU memory MB max", ("load", "gpus", 0, "mem_used_mb", "max")),
+    KeyFigure("GPU power W mean", ("load", "gpus", 0, "power_w", "mean")),
 )
 
 

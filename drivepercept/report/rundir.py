@@ -140,16 +140,11 @@ def _read_run_json(path: Path, problems: _Problems) -> dict[str, Any]:
     return data
 
 
-def _lines(path: Path) -> list[str]:
-    """The file's lines; a last line without its newline (a cut write) is left out."""
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    return lines[:-1]  # after the last "\n" there is "" (complete) or a cut line
-
-
-def _cut_tail(path: Path) -> bool:
-    data = path.read_bytes()
-    return bool(data) and not data.endswith(b"\n")
+def _lines(path: Path) -> tuple[list[str], bool]:
+    """The file's complete lines, and whether a cut last line (a write cut short) was left
+    out."""
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    return lines[:-1], lines[-1] != ""  # after the last "\n": "" (complete) or a cut line
 
 
 def read_frames_csv(path: Path, problems: _Problems, cameras: list[str]) -> Timeline:
@@ -163,8 +158,7 @@ def read_frames_csv(path: Path, problems: _Problems, cameras: list[str]) -> Time
     if not path.is_file():
         raise ReportError(f"{path.parent} has no {name}: not a drivepercept run folder?")
     try:
-        lines = _lines(path)
-        cut = _cut_tail(path)
+        lines, cut = _lines(path)
     except OSError as exc:
         raise ReportError(f"cannot read {path}: {exc.strerror}") from None
     if cut:
@@ -232,10 +226,12 @@ def read_load_csv(path: Path, problems: _Problems) -> LoadTable | None:
     if not path.is_file():
         return None
     try:
-        lines = _lines(path)
+        lines, cut = _lines(path)
     except OSError as exc:
         problems.add(f"cannot read {path}: {exc.strerror}")
         return None
+    if cut:
+        problems.add(f"{name}: the last line is cut short (the run was killed mid-write)")
     if not lines:
         return LoadTable(np.zeros(0, dtype=np.int64), {})
     header = lines[0].split(",")

@@ -22,8 +22,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import cv2
 import numpy as np
@@ -156,7 +156,7 @@ class LiveSource:
         self._last_error = ""
         self._delivered = False  # a frame came on the current connection
         # running totals, so the kept change list can be bounded (MAX_CHANGES)
-        self._down_ns = self._outage_ns = self._streaming_ns = 0
+        self._totals = Totals()
         self._streamed = False
         self._set(CameraState.CONNECTING, source)
         if not self.live:  # a file: a bad path is the user's error, now, on this thread
@@ -186,13 +186,7 @@ class LiveSource:
 
     def _account(self, last: StateChange, until_ns: int) -> None:
         """Add the time spent in `last` to the running totals (lock held)."""
-        spent = max(0, until_ns - last.t_ns)
-        if last.state == CameraState.STREAMING:
-            self._streaming_ns += spent
-        elif last.state != CameraState.ENDED:
-            self._down_ns += spent
-            if self._streamed:
-                self._outage_ns += spent
+        self._totals = self._totals.plus(last.state, until_ns - last.t_ns, streamed=self._streamed)
 
     @property
     def state(self) -> CameraState:
@@ -209,15 +203,9 @@ class LiveSource:
         before `ended`; an outage is down time after the first frame stream."""
         now = now_ns if now_ns is not None else time.monotonic_ns()
         with self._lock:
-            down, outage, streaming = self._down_ns, self._outage_ns, self._streaming_ns
             last = self._changes[-1]
-            spent = max(0, now - last.t_ns)
-            if last.state == CameraState.STREAMING:
-                streaming += spent
-            elif last.state != CameraState.ENDED:
-                down += spent
-                outage += spent if self._streamed else 0
-        return down / 1e9, outage / 1e9, streaming / 1e9
+            running = self._totals.plus(last.state, now - last.t_ns, streamed=self._streamed)
+        return running.seconds
 
     def downtime_s(self, now_ns: int | None = None) -> float:
         """Time not streaming from the first change to now (or to `ended`)."""
@@ -312,33 +300,40 @@ class LiveSource:
             self._set(CameraState.ENDED, "stopped")
 
 
-def downtime_s(changes: list[StateChange], now_ns: int) -> float:
-    """Seconds spent in any state but `streaming`, from the first change until `now_ns` or the
-    first `ended` (a camera that ended is not down). Pure; changes oldest first."""
-    down = 0
+@dataclass(frozen=True)
+class Totals:
+    """Where a camera's time went. Down is any time not streaming before `ended` (a camera
+    that ended is not down); an outage is down time after it first streamed."""
+
+    down_ns: int = 0
+    outage_ns: int = 0
+    streaming_ns: int = 0
+
+    def plus(self, state: CameraState, spent_ns: int, *, streamed: bool) -> Totals:
+        """These totals with `spent_ns` more in `state` (`streamed`: it has streamed before)."""
+        spent = max(0, spent_ns)
+        if state == CameraState.STREAMING:
+            return replace(self, streaming_ns=self.streaming_ns + spent)
+        if state == CameraState.ENDED:
+            return self
+        return replace(
+            self,
+            down_ns=self.down_ns + spent,
+            outage_ns=self.outage_ns + (spent if streamed else 0),
+        )
+
+    @property
+    def seconds(self) -> tuple[float, float, float]:
+        """(down, outage, streaming) in seconds."""
+        return self.down_ns / 1e9, self.outage_ns / 1e9, self.streaming_ns / 1e9
+
+
+def totals(changes: Sequence[StateChange], now_ns: int) -> Totals:
+    """The totals of a list of state changes (oldest first) until `now_ns`. Pure; the same
+    fold LiveSource keeps running so that its kept list may be cut short."""
+    out, streamed = Totals(), False
     for k, change in enumerate(changes):
-        following = changes[k + 1] if k + 1 < len(changes) else None
-        if change.state == CameraState.ENDED:
-            break
-        end = following.t_ns if following is not None else now_ns
-        if change.state != CameraState.STREAMING:
-            down += max(0, end - change.t_ns)
-    return down / 1e9
-
-
-def outage_s(changes: list[StateChange], now_ns: int) -> float:
-    """Down time after the camera first streamed: the outages, without the initial connect."""
-    first = next((k for k, c in enumerate(changes) if c.state == CameraState.STREAMING), None)
-    return 0.0 if first is None else downtime_s(changes[first:], now_ns)
-
-
-def streaming_s(changes: list[StateChange], now_ns: int) -> float:
-    """Time spent streaming, until now or the first `ended`."""
-    total = 0
-    for k, change in enumerate(changes):
-        if change.state == CameraState.ENDED:
-            break
+        streamed = streamed or change.state == CameraState.STREAMING
         end = changes[k + 1].t_ns if k + 1 < len(changes) else now_ns
-        if change.state == CameraState.STREAMING:
-            total += max(0, end - change.t_ns)
-    return total / 1e9
+        out = out.plus(change.state, end - change.t_ns, streamed=streamed)
+    return out

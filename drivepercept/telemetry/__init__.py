@@ -35,7 +35,6 @@ from drivepercept.telemetry.timeline import (
     Span,
     Timeline,
     fill_missing_stamps,
-    timeline_from_results,
 )
 
 __all__ = [
@@ -62,6 +61,5 @@ __all__ = [
     "rate_fps",
     "recent_window",
     "throttle_names",
-    "timeline_from_results",
     "windowed_rate",
 ]

@@ -10,13 +10,13 @@ CUDA they come from CUDA events mapped onto the host clock by the engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from drivepercept.telemetry.stats import FloatArray, IntArray, span_ms
-from drivepercept.types import STAGES, FrameResult
+from drivepercept.types import STAGES
 
 # Every timestamp column, in the order a frame meets them (device span starts included).
 STAMPS: tuple[str, ...] = (
@@ -151,25 +151,3 @@ def fill_missing_stamps(stamps: dict[str, IntArray]) -> dict[str, IntArray]:
         out[name] = np.asarray(col, dtype=np.int64)
         previous = out[name]
     return out
-
-
-def timeline_from_results(results: Iterable[FrameResult], cameras: tuple[str, ...]) -> Timeline:
-    """A Timeline straight from the pipeline's results (tests, in-process summaries)."""
-    rows = list(results)
-    stamps = {
-        name: np.array([getattr(r.timing, f"{name}_ns") for r in rows], dtype=np.int64)
-        for name in STAMPS
-    }
-
-    def col(attr: str) -> IntArray:
-        return np.array([getattr(r, attr) for r in rows], dtype=np.int64)
-
-    return Timeline(
-        cameras=cameras,
-        camera_index=col("camera_index"),
-        frame_index=col("frame_index"),
-        batch_index=col("batch_index"),
-        batch_size=col("batch_size"),
-        detections=np.array([len(r.detections) for r in rows], dtype=np.int64),
-        stamps=fill_missing_stamps(stamps),
-    )
