@@ -21,13 +21,7 @@ import torch
 
 from drivepercept.config import CameraConfig, PipelineConfig, PrepareSpec
 from drivepercept.engine.device import resolve_device
-from drivepercept.engine.stages import (
-    autocast,
-    keep_table,
-    postprocess,
-    ready_model,
-    to_model_input,
-)
+from drivepercept.engine.step import DetectorStep
 from drivepercept.models.base import Detector
 from drivepercept.pipeline import Pipeline
 from drivepercept.replay import open_readers
@@ -58,46 +52,13 @@ class BenchResult:
     def table(self) -> str:
         rows = [f"{'mode':<12} {'frames':>7} {'seconds':>8} {'frames/s':>9}"]
         for line in (self.model_only, self.pipeline, self.naive):
-            rows.append(f"{line.mode:<12} {line.frames:>7d} {line.seconds:>8.2f} {line.fps:>9.1f}")
+            rows.append(f"{line.mode:<12} {line.frames:>7d} {line.seconds:>8.3f} {line.fps:>9.1f}")
         rows.append(f"pipeline / model-only: {self.pipeline.fps / self.model_only.fps:.2f}x")
         rows.append(f"pipeline / naive:      {self.pipeline.fps / self.naive.fps:.2f}x")
         rows.append(
             f"(batch {self.batch}, device {self.device}, best of {self.rounds} interleaved rounds)"
         )
         return "\n".join(rows)
-
-
-class _Runner:
-    """normalise + model + postprocess on one device, synchronously, with the engine's model
-    set-up and precision (so model-only, pipeline and naive compare one and the same model)."""
-
-    def __init__(self, detector: Detector, config: PipelineConfig, device: torch.device) -> None:
-        self.detector = detector
-        self.config = config
-        self.device = device
-        self.model = ready_model(detector, config, device)
-        self.keep = keep_table(detector.keep_labels, len(detector.class_names), device)
-
-    def __call__(self, batch_u8: torch.Tensor) -> list[int]:
-        spec = self.detector.input
-        cfg = self.config
-        with torch.inference_mode():
-            x = to_model_input(
-                batch_u8.to(self.device),
-                mean=spec.mean,
-                std=spec.std,
-                channels_last=cfg.channels_last,
-            )
-            with autocast(cfg.precision, self.device):  # the same precision as the pipeline
-                out = self.model(x)
-            _, counts = postprocess(
-                out,
-                score_threshold=cfg.score_threshold,
-                iou_threshold=cfg.iou_threshold,
-                max_detections=cfg.max_detections,
-                keep=self.keep,
-            )
-            return [int(c) for c in counts.cpu()]  # waits for the device
 
 
 def _spec(detector: Detector) -> PrepareSpec:
@@ -108,7 +69,7 @@ def _spec(detector: Detector) -> PrepareSpec:
     )
 
 
-def _model_only(runner: _Runner, batch: torch.Tensor, batches: int) -> BenchLine:
+def _model_only(runner: DetectorStep, batch: torch.Tensor, batches: int) -> BenchLine:
     start = time.perf_counter()
     for _ in range(batches):
         runner(batch)
@@ -130,7 +91,7 @@ def _pipeline(
 
 
 def _naive(
-    cams: Sequence[CameraConfig], runner: _Runner, spec: PrepareSpec, frames_per_camera: int
+    cams: Sequence[CameraConfig], runner: DetectorStep, spec: PrepareSpec, frames_per_camera: int
 ) -> BenchLine:
     readers = open_readers(cams)
     done = 0
@@ -164,7 +125,8 @@ def bench(
     interleaving exposes every mode to the same drift. `frames_per_camera` frames of each
     camera in (b) and (c), as many batches in (a)."""
     device = resolve_device(config.device)
-    runner = _Runner(detector, config, device)
+    # the engine's own steps, run synchronously: the same model set-up and precision
+    runner = DetectorStep(detector, config, device)
     spec = _spec(detector)
 
     # (a)'s pre-made batch: the first frame of every camera, prepared once

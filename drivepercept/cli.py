@@ -159,6 +159,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="NHWC memory format for the model (default on)",
     )
+    p.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run a full and a single-frame batch before capture starts, kept out of the "
+        "figures (default on)",
+    )
     p.add_argument("--score-threshold", type=float, help="default 0.3")
     p.add_argument("--queue-capacity", type=int, help="frames waiting per camera (default 4)")
     p.add_argument("--max-frames", type=int, help="stop each camera after N frames")

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from drivepercept.errors import ConfigError, OutputError
 
 if sys.version_info >= (3, 11):
@@ -368,6 +366,8 @@ def write_rig(
         "# Intrinsics are pinhole pixels: u = fx*x/z + cx, v = fy*y/z + cy (OpenCV camera frame).\n"
     )
     try:
+        import tomli_w  # only here: reading configs and running needs no TOML writer
+
         path.write_text(header + tomli_w.dumps(data), encoding="utf-8")
     except OSError as exc:
         raise OutputError(f"cannot write rig file {path}: {exc.strerror or exc}") from None
@@ -446,6 +446,8 @@ class PipelineConfig:
         max_in_flight: batches submitted to the device and not yet completed.
         max_frames: stop each camera after this many frames (0 = all).
         sample_hz: load samples (GPU through NVML, CPU, memory) per second; 0 = no sampler.
+        warmup: run one full batch and one single frame through the engine before capture
+            starts (CUDA lazy loading, cuDNN/cuBLAS set-up), kept out of every figure.
     """
 
     batch_timeout_ms: float = 20.0
@@ -461,6 +463,7 @@ class PipelineConfig:
     max_in_flight: int = 2
     max_frames: int = 0
     sample_hz: float = 10.0
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.batch_timeout_ms) and 0.0 <= self.batch_timeout_ms <= 60_000):

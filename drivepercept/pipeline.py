@@ -28,8 +28,8 @@ import torch
 from drivepercept.batching import Batcher
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig, PrepareSpec
-from drivepercept.engine.device import resolve_device
-from drivepercept.engine.engine import InferenceEngine
+from drivepercept.engine.device import on_device, resolve_device
+from drivepercept.engine.engine import InferenceEngine, WarmupRun
 from drivepercept.errors import DrivePerceptError, one_line
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
@@ -82,6 +82,8 @@ class RunStats:
     device: str
     mean_batch_size: float
     queue_high_water: tuple[int, ...] = field(default=())
+    warmup: tuple[WarmupRun, ...] = ()  # the engine's warm-up batches (not in the figures)
+    in_flight_high_water: int = 0  # most batches launched on the device and not yet finished
 
     @property
     def throughput_fps(self) -> float:
@@ -171,13 +173,14 @@ class Pipeline:
         policy = DropPolicy(config.drop_policy)
         self.queues = CameraQueues(self.names, capacity=config.queue_capacity, policy=policy)
         width, height = detector.input.size
-        self.ring = StagingRing(
-            slots=config.ring_slots,
-            max_batch=len(cameras),
-            height=height,
-            width=width,
-            pin_memory=self.device.type == "cuda",
-        )
+        with on_device(self.device):  # pinned memory through our GPU's context, not GPU 0's
+            self.ring = StagingRing(
+                slots=config.ring_slots,
+                max_batch=len(cameras),
+                height=height,
+                width=width,
+                pin_memory=self.device.type == "cuda",
+            )
         spec = PrepareSpec(
             size=detector.input.size,
             letterbox=detector.input.letterbox,
@@ -303,6 +306,12 @@ class Pipeline:
         if self.sampler is not None:
             self.sampler.start()
         self.engine.start()
+        # Capture starts once the engine is warm: a frame read earlier would wait out the
+        # warm-up in its queue (replay) or be dropped (live), and either way its latency
+        # would be the warm-up's, not the pipeline's.
+        while not self.engine.ready.wait(0.1):
+            if self.stop_event.is_set():
+                break
         self.batcher.start()
         for d in self.decoders:
             d.start()
@@ -501,4 +510,6 @@ class Pipeline:
             device=str(self.device),
             mean_batch_size=sum(frames) / batches if batches else 0.0,
             queue_high_water=tuple(self.queues.high_water()),
+            warmup=self.engine.warmup,
+            in_flight_high_water=self.engine.in_flight_high_water,
         )

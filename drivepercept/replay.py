@@ -233,6 +233,8 @@ def stats_summary(stats: RunStats) -> dict[str, Any]:
         "mean_batch_size": round(stats.mean_batch_size, 3),
         "interrupted": stats.interrupted,
         "threads_not_stopped": list(stats.threads_not_stopped),
+        "warmup": [{"batch_size": w.batch_size, "ms": round(w.ms, 3)} for w in stats.warmup],
+        "in_flight_high_water": stats.in_flight_high_water,
         "cameras": {
             c.name: {
                 "frames": c.frames,

@@ -1,89 +1,243 @@
 #!/usr/bin/env bash
-# Every GPU check in one run (well under 8 minutes on one GPU): the tests marked `cuda`
-# (pinned staging ring, slot reuse under load, copy/compute overlap, fp16/bf16, real NVML),
-# `drivepercept bench` on the GPU for two models and three precisions, two replays (fp32 and
-# fp16) with their latency reports and NVML load samples plus their comparison, a 20 s live
-# run of 6 served cameras, and the load sampler's cost (on vs off). Results go to $OUT (default ./gpu_check_out). Exit status:
-# non-zero if any check failed.
+# Every GPU check in one run, in at most 8 minutes: each step runs under `timeout -k`, and
+# the limits, kill grace included, add up to 480 s (a test checks the sum).
 #
-# On a machine with a package registry it installs the project with pip. On one without
-# (the lent GPU machine), put the pure-Python wheels it lacks into .whl/ first, e.g.
-#   python3 -m pip download --no-deps --only-binary=:all: -d .whl tomli-w pytest-timeout
-# and they are installed from there instead (torch, torchvision, OpenCV and pytest are
-# expected to be present).
+#   1. environment: nvidia-smi, torch/CUDA/OpenCV versions
+#   2. the tests marked `cuda` (pinned ring, slot reuse, copy/compute overlap, batches in
+#      flight, fp16/bf16 geometry, real NVML)
+#   3. `drivepercept bench` (model-only vs pipeline vs naive) for ssdlite in fp32 and fp16
+#      and for drivepercept-tiny in bf16
+#   4. replays of the sample rig in fp32 and fp16 with their latency reports (warm-up,
+#      batches in flight) and the fp32/fp16 comparison
+#   5. NVML figures present in the fp32 run's summary.json
+#   6. 15 s of live detection on 6 served cameras (fp16)
+#   7. the load sampler's cost (replay with the sampler on vs off)
+#
+# Usage:
+#   bash scripts/gpu_check.sh            # on a machine with a CUDA GPU
+#   bash scripts/gpu_check.sh --dry-run  # every step on the CPU with tiny sizes: the default
+#                                        # test suite runs this, so the script itself is tested
+#
+# No pip, no network: the project runs from this checkout through PYTHONPATH. The lent GPU
+# machine (the device tool) has torch, torchvision, opencv-python-headless, numpy,
+# nvidia-ml-py, psutil, matplotlib, prometheus-client, pytest and pytest-timeout. Anything
+# else comes as wheels in the folder `.whl/` at the repository root, unpacked here with
+# `python3 -m zipfile -e` into a temporary folder put on PYTHONPATH (pure-Python wheels
+# only). `.whl/` is ignored by git, so a device run must carry it. Fill it once, here:
+#
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       -d .whl tomli-w pytest-timeout
+#
+# and run it on the device tool with carry [".whl"] and the command
+# `bash scripts/gpu_check.sh`. Nothing needs them to start: tomli-w only writes rig files
+# (simulate), and without pytest-timeout the tests run without their time limits.
+#
+# Results go to $OUT (default ./gpu_check_out), three files, as the device tool brings back
+# at most 8: gpu_check.log (every step's output), summary.txt (the key figures) and
+# results.tgz (each run's summary.json, run.json and report.html, the comparison, the bench
+# tables). Exit status: non-zero if any step failed or ran out of time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+DRY_RUN=0
+case "${1:-}" in
+    "") ;;
+    --dry-run) DRY_RUN=1 ;;
+    *) echo "usage: gpu_check.sh [--dry-run]" >&2; exit 2 ;;
+esac
+
 OUT="${OUT:-$PWD/gpu_check_out}"
 mkdir -p "$OUT"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+LOG="$OUT/gpu_check.log"
+: >"$LOG"
 export PYTHONUNBUFFERED=1
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/drivepercept-site .whl/*.whl || exit 1
-    export PYTHONPATH="$PWD:/tmp/drivepercept-site${PYTHONPATH:+:$PYTHONPATH}"
-else
-    python3 -m pip install -q -e '.[dev]' || exit 1
-fi
+SITE="$WORK/site"
+mkdir -p "$SITE"
+for wheel in .whl/*.whl; do
+    [ -e "$wheel" ] || continue
+    python3 -m zipfile -e "$wheel" "$SITE" || { echo "gpu_check: cannot unpack $wheel" >&2; exit 1; }
+done
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
+if [ "$DRY_RUN" -eq 1 ]; then
+    DEVICE=cpu FRAMES=3 ROUNDS=1 MAX_FRAMES=6 LIVE_S=3 SAMPLER_FRAMES=6
+else
+    DEVICE=cuda FRAMES=60 ROUNDS=2 MAX_FRAMES=0 LIVE_S=15 SAMPLER_FRAMES=60
+fi
+KILL_AFTER=5
 status=0
-nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || { echo "gpu_check: nvidia-smi failed" >&2; status=1; }
-python3 - >"$OUT/env.txt" 2>&1 <<'PY'
-import torch, torchvision, cv2
+RUNS="$WORK/runs"
+mkdir -p "$RUNS" "$WORK/results"
+
+# step NAME LIMIT_S COMMAND...: run one step under its limit, its output into the log
+step() {
+    local name="$1" limit="$2"
+    shift 2
+    echo "== $name (limit ${limit} s)" | tee -a "$LOG"
+    local started=$SECONDS
+    # a new bash runs the step's function; timeout signals its whole process group, so a
+    # replay that drains on SIGTERM is still killed KILL_AFTER seconds later
+    timeout -k "$KILL_AFTER" "$limit" bash -c '"$@"' step "$@" 2>&1 | tee -a "$LOG"
+    local rc="${PIPESTATUS[0]}"
+    echo "== $name: exit $rc after $((SECONDS - started)) s" | tee -a "$LOG"
+    if [ "$rc" -ne 0 ]; then
+        status=1
+    fi
+    return "$rc"
+}
+
+drivepercept() { python3 -m drivepercept "$@"; }
+
+environment() {
+    if [ "$DRY_RUN" -eq 0 ]; then
+        nvidia-smi || return 1
+    fi
+    python3 - "$DEVICE" <<'PY'
+import sys
+
+import cv2
+import torch
+import torchvision
+
 print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
 print("torchvision", torchvision.__version__, "opencv", cv2.__version__)
-if torch.cuda.is_available():
+if sys.argv[1] == "cuda":
+    if not torch.cuda.is_available():
+        sys.exit("gpu_check: CUDA is not available")
     print("gpu", torch.cuda.get_device_name(0))
 PY
-cat "$OUT/env.txt"
+}
 
-timeout 240 python3 -m pytest -m cuda -q -p no:cacheprovider -rs tests 2>&1 | tee "$OUT/pytest-cuda.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-grep -q " passed" "$OUT/pytest-cuda.txt" || { echo "gpu_check: no cuda test ran" >&2; status=1; }
+cuda_tests() {
+    local args=(-m cuda -q -p no:cacheprovider -rs tests)
+    python3 -m pytest "${args[@]}" >"$WORK/pytest.txt" 2>&1
+    local rc=$?
+    cat "$WORK/pytest.txt"
+    [ "$rc" -eq 0 ] || return "$rc"
+    if [ "$DRY_RUN" -eq 1 ]; then
+        grep -q " skipped" "$WORK/pytest.txt"  # collected and skipped without a GPU
+    else
+        ! grep -q " skipped" "$WORK/pytest.txt" && grep -q " passed" "$WORK/pytest.txt"
+    fi
+}
 
-for model in ssdlite320_mobilenet_v3_large fasterrcnn_mobilenet_v3_large_320_fpn; do
-    for precision in fp32 fp16 bf16; do
-        echo "== bench $model $precision" | tee -a "$OUT/bench.txt"
-        timeout 60 python3 -m drivepercept bench sample_videos/rig.toml --model "$model" \
-            --weights none --device cuda --precision "$precision" --frames 60 2>&1 \
-            | tee -a "$OUT/bench.txt"
-        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    done
-done
-# replays with the latency report; NVML must have sampled the GPU
-for precision in fp32 fp16; do
-    echo "== replay + report drivepercept-tiny $precision" | tee -a "$OUT/replay.txt"
-    timeout 120 python3 -m drivepercept replay sample_videos/rig.toml --device cuda \
-        --precision "$precision" --out "$OUT/runs" --name "gpu-$precision" --no-progress 2>&1 \
-        | tee -a "$OUT/replay.txt"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    rm -f "$OUT/runs/gpu-$precision/detections.jsonl"  # large; not needed back
-done
-timeout 60 python3 -m drivepercept report "$OUT/runs/gpu-fp32" --compare "$OUT/runs/gpu-fp16" \
-    2>&1 | tee "$OUT/compare.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-python3 - "$OUT/runs/gpu-fp32/summary.json" <<'PY' 2>&1 | tee "$OUT/nvml.txt" || status=1
-import json, sys
-load = json.load(open(sys.argv[1]))["load"]
+bench() {
+    local model="$1" precision="$2"
+    drivepercept bench sample_videos/rig.toml --model "$model" --weights "$3" \
+        --device "$DEVICE" --precision "$precision" --frames "$FRAMES" --rounds "$ROUNDS" \
+        | tee "$WORK/results/bench-$model-$precision.txt"
+}
+
+replay() {
+    local precision="$1"
+    drivepercept replay sample_videos/rig.toml --device "$DEVICE" --precision "$precision" \
+        --max-frames "$MAX_FRAMES" --out "$RUNS" --name "replay-$precision" --no-progress
+}
+
+nvml_figures() {
+    python3 - "$RUNS/replay-fp32/summary.json" "$DRY_RUN" <<'PY'
+import json
+import sys
+
+summary = json.load(open(sys.argv[1]))
+load = summary["load"]
 print(json.dumps(load, indent=1))
-if load["gpu_unavailable"] or not load["gpus"] or load["gpus"][0]["util_pct"]["max"] is None:
-    sys.exit(f"gpu_check: no NVML figures: {load['gpu_unavailable']}")
+if load["process_cpu_pct"]["max"] is None:
+    sys.exit("gpu_check: no CPU load figures")
+if sys.argv[2] == "0":
+    gpus = load["gpus"]
+    if load["gpu_unavailable"] or not gpus or gpus[0]["util_pct"]["max"] is None:
+        sys.exit(f"gpu_check: no NVML figures: {load['gpu_unavailable']}")
 PY
+}
 
-echo "== live: 6 served cameras at 15 fps for 20 s, drivepercept-tiny fp16" | tee "$OUT/live.txt"
-python3 -m drivepercept serve-cameras sample_videos/rig.toml --port 8554 >"$OUT/serve.txt" 2>&1 &
-serve_pid=$!
-sleep 3
-cams=()
-for cam in front front_left front_right back back_left back_right; do
-    cams+=("--camera=$cam=http://127.0.0.1:8554/$cam.mjpg")
+live() {
+    local port
+    port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    drivepercept serve-cameras sample_videos/rig.toml --port "$port" >"$WORK/serve.txt" 2>&1 &
+    local server=$!
+    local cams=() cam
+    for cam in front front_left front_right back back_left back_right; do
+        cams+=("--camera=$cam=http://127.0.0.1:$port/$cam.mjpg")
+    done
+    sleep 3
+    drivepercept live "${cams[@]}" --device "$DEVICE" --precision "$LIVE_PRECISION" \
+        --duration "$LIVE_S" --out "$RUNS" --name live --no-progress
+    local rc=$?
+    kill "$server" 2>/dev/null
+    wait "$server" 2>/dev/null
+    return "$rc"
+}
+
+sampler_cost() {
+    python3 scripts/bench_sampler.py --device "$DEVICE" --rounds "$ROUNDS" \
+        --max-frames "$SAMPLER_FRAMES"
+}
+
+if [ "$DRY_RUN" -eq 1 ]; then
+    HALF=bf16 LIVE_PRECISION=fp32  # CPU autocast: bf16 only
+else
+    HALF=fp16 LIVE_PRECISION=fp16
+fi
+export DRY_RUN DEVICE FRAMES ROUNDS MAX_FRAMES LIVE_S SAMPLER_FRAMES LIVE_PRECISION WORK RUNS
+export -f drivepercept environment cuda_tests bench replay nvml_figures live sampler_cost
+
+step environment 10 environment
+step "cuda tests" 120 cuda_tests
+step "bench ssdlite fp32" 30 bench ssdlite320_mobilenet_v3_large fp32 none
+step "bench ssdlite $HALF" 30 bench ssdlite320_mobilenet_v3_large "$HALF" none
+step "bench drivepercept-tiny bf16" 30 bench drivepercept-tiny bf16 DEFAULT
+step "replay fp32" 35 replay fp32
+step "replay $HALF" 35 replay "$HALF"
+step "compare fp32 vs $HALF" 15 drivepercept report "$RUNS/replay-fp32" \
+    --compare "$RUNS/replay-$HALF"
+step "NVML figures" 10 nvml_figures
+step "live" 40 live
+step "sampler cost" 35 sampler_cost
+
+# the key figures of every run, for the note
+python3 - "$RUNS" >"$OUT/summary.txt" 2>&1 <<'PY'
+import json
+import sys
+from pathlib import Path
+
+for run in sorted(Path(sys.argv[1]).iterdir()):
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+        record = json.loads((run / "run.json").read_text())
+    except (OSError, ValueError) as exc:
+        print(f"{run.name}: no summary ({exc})")
+        continue
+    e2e = summary["end_to_end_ms"]
+    print(
+        f"{run.name}: {summary['frames']} frames, {summary['throughput_fps']} frames/s, "
+        f"p50 {e2e['p50_ms']} ms, p99 {e2e['p99_ms']} ms, status {record.get('status')}"
+    )
+    engine = record.get("summary", {})
+    print(f"  warm-up {engine.get('warmup')}, in flight at most {engine.get('in_flight_high_water')}")
+    for gpu in summary["load"]["gpus"]:
+        print(
+            f"  {gpu['name']}: util {gpu['util_pct']}, memory {gpu['mem_used_mb']} MB, "
+            f"power {gpu['power_w']} W, {gpu['temperature_c']} C, SM {gpu['sm_clock_mhz']} MHz"
+        )
+    if summary["load"]["gpu_unavailable"]:
+        print(f"  no GPU figures: {summary['load']['gpu_unavailable']}")
+PY
+cat "$OUT/summary.txt" | tee -a "$LOG"
+for table in "$WORK"/results/bench-*.txt; do
+    [ -e "$table" ] || continue
+    { echo "$(basename "$table" .txt):"; cat "$table"; } >>"$OUT/summary.txt"
 done
-timeout 90 python3 -m drivepercept live "${cams[@]}" --device cuda --precision fp16 \
-    --duration 20 --out "$OUT/runs" --name live-fp16 --no-progress 2>&1 | tee -a "$OUT/live.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-kill "$serve_pid" 2>/dev/null
-rm -f "$OUT/runs/live-fp16/detections.jsonl"
 
-echo "== load sampler cost on the GPU" | tee "$OUT/sampler.txt"
-timeout 150 python3 scripts/bench_sampler.py --device cuda --rounds 3 2>&1 | tee -a "$OUT/sampler.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+for run in "$RUNS"/*/; do
+    name="$(basename "$run")"
+    mkdir -p "$WORK/results/$name"
+    cp "$run"/summary.json "$run"/run.json "$run"/report.html "$run"/compare-*.html \
+        "$WORK/results/$name/" 2>/dev/null
+done
+tar -czf "$OUT/results.tgz" -C "$WORK" results
+echo "gpu_check: $([ "$status" -eq 0 ] && echo passed || echo FAILED); results in $OUT" | tee -a "$LOG"
 exit "$status"

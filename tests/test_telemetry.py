@@ -296,20 +296,41 @@ class _NvmlError(Exception):
     pass
 
 
-def _fake_nvml(*, power_supported: bool = True) -> Any:
+def _fake_nvml(
+    *, power_supported: bool = True, by_bus_id: bool = True, forbidden: tuple[int, ...] = ()
+) -> Any:
     """A stand-in for pynvml with two GPUs, for the code paths around NVML (the real library
-    is exercised by the cuda tests)."""
+    is exercised by the cuda tests). `forbidden` GPUs refuse to open (outside this process's
+    cgroup, say); `by_bus_id=False` is an older binding without the bus-id lookup. The GPUs
+    opened are recorded in `.opened`."""
     pci = [
         types.SimpleNamespace(domain=0, bus=0x17, device=0, busId=b"00000000:17:00.0"),
         types.SimpleNamespace(domain=0, bus=0x65, device=0, busId=b"00000000:65:00.0"),
     ]
+    opened: list[int] = []
 
     def power(h: int) -> int:
         if not power_supported:
             raise _NvmlError("Not Supported")
         return 210_500 + h
 
+    def by_index(i: int) -> int:
+        if i in forbidden:
+            raise _NvmlError("Insufficient Permissions")
+        opened.append(i)
+        return i
+
+    def by_bus(bus_id: str) -> int:
+        for i, p in enumerate(pci):
+            if p.busId.decode().lower() == bus_id.lower():
+                return by_index(i)
+        raise _NvmlError("Not Found")
+
+    extra = {"nvmlDeviceGetHandleByPciBusId": by_bus} if by_bus_id else {}
     return types.SimpleNamespace(
+        opened=opened,
+        nvmlDeviceGetIndex=lambda h: h,
+        **extra,
         NVMLError=_NvmlError,
         NVML_TEMPERATURE_GPU=0,
         NVML_CLOCK_SM=1,
@@ -321,7 +342,7 @@ def _fake_nvml(*, power_supported: bool = True) -> Any:
         nvmlSystemGetDriverVersion=lambda: "580.1",
         nvmlSystemGetNVMLVersion=lambda: "13.580",
         nvmlDeviceGetCount=lambda: 2,
-        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetHandleByIndex=by_index,
         nvmlDeviceGetPciInfo=lambda h: pci[h],
         nvmlDeviceGetName=lambda h: f"Fake GPU {h}",
         nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
@@ -352,6 +373,22 @@ def test_nvml_sample_of_the_gpu_in_use_by_pci_address(stop: threading.Event) -> 
     assert (g.temperature_c, g.sm_clock_mhz, g.mem_clock_mhz) == (61.0, 1980.0, 2619.0)
     assert (g.pcie_tx_bytes_s, g.pcie_rx_bytes_s) == (1 << 20, 2 << 20)
     assert throttle_names(g.throttle_reasons) == ("gpu_idle", "sw_power_cap")
+
+
+@pytest.mark.parametrize("by_bus_id", [True, False])
+def test_a_gpu_this_process_may_not_open_does_not_cost_the_metrics_of_ours(
+    stop: threading.Event, by_bus_id: bool
+) -> None:
+    # given NVML GPU 0 belongs to another job (permission denied) and ours is GPU 1
+    nvml = _fake_nvml(forbidden=(0,), by_bus_id=by_bus_id)
+    ref = GpuRef(cuda_index=0, pci_domain=0, pci_bus=0x65, pci_device=0)
+    sampler = LoadSampler(stop=stop, gpus=[ref], nvml_importer=lambda: nvml)
+    assert sampler.info.gpu_unavailable is None
+    assert [g.index for g in sampler.info.gpus] == [1]
+    (g,) = sampler.sample().gpus
+    assert g.util_pct == 87.0
+    # and by bus id no other GPU is even opened
+    assert nvml.opened == [1]
 
 
 def test_unsupported_nvml_metric_is_nan_and_named(stop: threading.Event) -> None:

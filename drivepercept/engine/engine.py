@@ -2,19 +2,28 @@
 
 Two named threads:
 
-* `engine` takes batches from the batcher. For each it first starts the host-to-device copy of
-  the batch's uint8 staging slot (`non_blocking=True` on a copy stream, so from pinned memory
-  it runs on the copy engine), and only then runs the *previous* batch: normalise on the
-  device, the model under `inference_mode` (optional fp16/bf16 autocast and channels_last),
-  score/class filter and NMS on the device, and one copy of the packed results into a pinned
-  output buffer. So the copy of batch n+1 overlaps the compute of batch n. CUDA events order
-  the streams (compute waits for its copy event) and time each span.
-* `engine-complete` waits for each batch's final event, releases its staging slot (never
-  before: the slot is in flight until then), maps boxes back through each frame's letterbox
-  and hands the frames' results on. Up to `max_in_flight` batches wait for it.
+* `engine` first warms the detector up (one batch at the rig's size and one of a single
+  frame, through the same streams and steps as real batches, so that CUDA's lazy loading,
+  cuDNN/cuBLAS handles and autotuning are paid before the first real frame; the times go to
+  run.json and nowhere else). Then it takes batches from the batcher. For each it first
+  starts the host-to-device copy of the batch's uint8 staging slot (`non_blocking=True` on a
+  copy stream, so from pinned memory it runs on the copy engine), and only then launches the
+  *previous* batch on the compute stream: normalise, the model under `inference_mode`
+  (mixed precision and channels_last as configured). So the copy of batch n+1 overlaps the
+  compute of batch n. Launching does not wait for the device: up to `max_in_flight`
+  batches are launched and not yet finished (a semaphore), and the engine thread only
+  queues work.
+* `engine-complete` finishes batches in order: on a post-processing stream that waits for
+  the batch's model, the score/class filter, one NMS over the whole batch and one copy of the
+  packed results into a pinned host buffer (the only places that wait for the device are
+  here, on this thread). It frees the staging slot once the upload is done, maps boxes back
+  through each frame's letterbox and hands the frames' results on.
 
-On the CPU the same steps run in the same order on the same threads, without streams, pinned
-memory or events (host clocks time the spans).
+CUDA events order the streams (compute waits for its copy, post-processing for its compute)
+and time each span. On the CPU the same steps run in the same order on the same threads,
+without streams, pinned memory or events (host clocks time the spans). Both threads make the
+engine's device their current one, and every device allocation is made for that device, so
+`cuda:N` never touches GPU 0.
 """
 
 from __future__ import annotations
@@ -32,13 +41,8 @@ import torch
 
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
-from drivepercept.engine.stages import (
-    autocast,
-    keep_table,
-    postprocess,
-    ready_model,
-    to_model_input,
-)
+from drivepercept.engine.device import on_device
+from drivepercept.engine.step import DetectorStep, Outputs
 from drivepercept.models.base import Detector
 from drivepercept.queues import put_until_stopped
 from drivepercept.types import Batch, Detections, FrameResult, FrameTiming
@@ -48,11 +52,20 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.1
 
 
+@dataclass(frozen=True)
+class WarmupRun:
+    """One warm-up batch: its size and how long it took, end to end (milliseconds)."""
+
+    batch_size: int
+    ms: float
+
+
 @dataclass
 class _Staged:
-    """A batch whose upload has been started."""
+    """A batch whose upload has been started (`batch` None: a warm-up batch)."""
 
-    batch: Batch
+    batch: Batch | None
+    size: int
     device_u8: torch.Tensor
     submit_ns: int
     start: torch.cuda.Event | None = None
@@ -62,11 +75,10 @@ class _Staged:
 
 @dataclass
 class _InFlight:
-    """A batch whose compute has been queued; results land in `host_out`."""
+    """A batch whose model has been launched; its outputs may still be being computed."""
 
     staged: _Staged
-    host_out: torch.Tensor
-    host_counts: torch.Tensor
+    outputs: Outputs
     done: torch.cuda.Event | None = None
     inferred: torch.cuda.Event | None = None
     compute_started: torch.cuda.Event | None = None
@@ -79,6 +91,11 @@ def _new_stream(device: torch.device) -> torch.cuda.Stream:
 
 def _new_event() -> torch.cuda.Event:
     return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+
+
+def _tensors(outputs: Outputs) -> Iterator[torch.Tensor]:
+    for out in outputs:
+        yield from (v for v in out.values() if isinstance(v, torch.Tensor))
 
 
 class InferenceEngine:
@@ -106,36 +123,35 @@ class InferenceEngine:
         self.emit = emit
         self.stop = stop
         self.on_error = on_error
+        self.max_batch = max_batch
         self.error: BaseException | None = None
         self.batches_done = 0
         self.frames_done = 0
-        self.model = ready_model(detector, config, device)
-        spec = detector.input
-        # Normalisation constants go to the device once (none at all when they are 0 and 1).
-        self._mean: tuple[float, ...] | torch.Tensor = spec.mean
-        self._std: tuple[float, ...] | torch.Tensor = spec.std
-        if any(v != 0.0 for v in spec.mean) or any(v != 1.0 for v in spec.std):
-            self._mean = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1)
-            self._std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
-        self.keep = keep_table(detector.keep_labels, len(detector.class_names), device)
-        # Output buffers: one per batch that can be in flight, +2 for the ones being
-        # submitted and completed. Pinned on CUDA so the device-to-host copy is asynchronous.
-        n_out = config.max_in_flight + 2
-        k = config.max_detections
-        self._out = [
-            torch.empty((max_batch, k, 6), dtype=torch.float32, pin_memory=self.cuda)
-            for _ in range(n_out)
-        ]
-        self._counts = [
-            torch.empty(max_batch, dtype=torch.int32, pin_memory=self.cuda) for _ in range(n_out)
-        ]
-        self._copy_stream = _new_stream(device) if self.cuda else None
-        self._compute_stream = _new_stream(device) if self.cuda else None
-        self._in_flight: queue.Queue[_InFlight | None] = queue.Queue(maxsize=config.max_in_flight)
+        self.warmup: tuple[WarmupRun, ...] = ()
+        self.ready = threading.Event()  # set once warmed up (or failed): batches may come
+        self.ready_ns = 0  # monotonic time the warm-up ended
+        with on_device(device):
+            self.step = DetectorStep(detector, config, device)
+            # One output buffer: the completion thread reads it before it post-processes the
+            # next batch. Pinned on CUDA so the device-to-host copy is asynchronous.
+            k = config.max_detections
+            self._out = torch.empty((max_batch, k, 6), dtype=torch.float32, pin_memory=self.cuda)
+            self._counts = torch.empty(max_batch, dtype=torch.int32, pin_memory=self.cuda)
+            self._copy_stream = _new_stream(device) if self.cuda else None
+            self._compute_stream = _new_stream(device) if self.cuda else None
+            self._post_stream = _new_stream(device) if self.cuda else None
+        # launched and not yet finished: at most max_in_flight
+        self._flight_slots = threading.Semaphore(config.max_in_flight)
+        self._in_flight: queue.Queue[_InFlight | None] = queue.Queue(
+            maxsize=config.max_in_flight + 1
+        )
+        self._count_lock = threading.Lock()
+        self._now_in_flight = 0
+        self.in_flight_high_water = 0
         # On the CPU a staging slot is free once its float copy is taken, and replay lets the
-        # batcher refill it during compute. Live (drop_oldest) keeps it until compute ends:
-        # the batcher then takes each camera's newest frame just when the engine is free,
-        # instead of a batch that ages a whole inference while it waits.
+        # batcher refill it during compute. Live (drop_oldest) keeps it until the model is
+        # done: the batcher then takes each camera's newest frame just when the engine is
+        # free, instead of a batch that ages a whole inference while it waits.
         self._release_early = config.drop_policy == "block"
         self._submit = threading.Thread(
             target=self._guard(self._run_submit), name="engine", daemon=True
@@ -155,12 +171,16 @@ class InferenceEngine:
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
             try:
+                if self.cuda:
+                    torch.cuda.set_device(self.device)  # allocations and handles on our GPU
                 fn()
             except BaseException as exc:  # recorded; the pipeline re-raises it
                 if self.error is None:
                     self.error = exc
                 if self.on_error is not None:
                     self.on_error(exc)
+            finally:
+                self.ready.set()  # never leave the pipeline waiting for a dead engine
 
         return run
 
@@ -169,10 +189,10 @@ class InferenceEngine:
     def _stream(self, stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[None]:
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
-    def _upload(self, batch: Batch) -> _Staged:
-        rows = self.ring.tensors[batch.slot][: batch.size]
+    def _upload(self, rows: torch.Tensor, batch: Batch | None) -> _Staged:
         if not self.cuda:
-            return _Staged(batch, rows, time.monotonic_ns(), copy_done_ns=time.monotonic_ns())
+            now = time.monotonic_ns()
+            return _Staged(batch, rows.shape[0], rows, now, copy_done_ns=now)
         start = _new_event()
         copied = _new_event()
         with self._stream(self._copy_stream):
@@ -180,53 +200,43 @@ class InferenceEngine:
             submit_ns = time.monotonic_ns()
             device_u8 = rows.to(self.device, non_blocking=True)
             copied.record()
-        return _Staged(batch, device_u8, submit_ns, start, copied)
+        return _Staged(batch, rows.shape[0], device_u8, submit_ns, start, copied)
 
-    def _compute(self, staged: _Staged, out_index: int) -> _InFlight:
-        cfg = self.config
-        host_out, host_counts = self._out[out_index], self._counts[out_index]
-        flight = _InFlight(staged, host_out, host_counts)
+    def _release(self, staged: _Staged) -> None:
+        if staged.batch is not None:
+            self.ring.release(staged.batch.slot)
+
+    def _compute(self, staged: _Staged) -> _InFlight:
+        """Launch normalise + model on the compute stream (returns before the device is done,
+        unless the model itself waits for it)."""
+        times: dict[str, int] = {}
         with self._stream(self._compute_stream), torch.inference_mode():
+            started: torch.cuda.Event | None = None
             if self.cuda:
                 assert self._compute_stream is not None and staged.copied is not None
                 self._compute_stream.wait_event(staged.copied)
                 # the upload was allocated on the copy stream and is used on this one
                 staged.device_u8.record_stream(self._compute_stream)
-                flight.compute_started = _new_event()
-                flight.compute_started.record()
+                started = _new_event()
+                started.record()
             else:
-                flight.times_ns["compute_start"] = time.monotonic_ns()
-            x = to_model_input(
-                staged.device_u8, mean=self._mean, std=self._std, channels_last=cfg.channels_last
-            )
+                times["compute_start"] = time.monotonic_ns()
+            x = self.step.normalise(staged.device_u8)
             if not self.cuda and self._release_early:
                 # the float copy is taken: the staging slot can be refilled right away
-                self.ring.release(staged.batch.slot)
-            with autocast(self.config.precision, self.device):
-                outputs = self.model(x)
+                self._release(staged)
+            outputs = self.step.forward(x)
+            inferred: torch.cuda.Event | None = None
             if self.cuda:
-                flight.inferred = _new_event()
-                flight.inferred.record()
+                inferred = _new_event()
+                inferred.record()
             else:
-                flight.times_ns["inference_done"] = time.monotonic_ns()
-            packed, counts = postprocess(
-                outputs,
-                score_threshold=cfg.score_threshold,
-                iou_threshold=cfg.iou_threshold,
-                max_detections=cfg.max_detections,
-                keep=self.keep,
-            )
-            n = staged.batch.size
-            host_out[:n].copy_(packed, non_blocking=self.cuda)
-            host_counts[:n].copy_(counts, non_blocking=self.cuda)
-            if self.cuda:
-                flight.done = _new_event()
-                flight.done.record()
-            else:
-                flight.times_ns["postprocessed"] = time.monotonic_ns()
+                times["inference_done"] = time.monotonic_ns()
                 if not self._release_early:
-                    self.ring.release(staged.batch.slot)
-        return flight
+                    self._release(staged)
+        return _InFlight(
+            staged, outputs, inferred=inferred, compute_started=started, times_ns=times
+        )
 
     def _batches(self) -> Iterator[Batch]:
         while True:
@@ -240,38 +250,64 @@ class InferenceEngine:
                 return
             yield batch
 
+    def _warm_up(self) -> None:
+        """One batch at the rig's size and one of a single frame, through every step and
+        stream, waited for; timed, and never counted as frames."""
+        width, height = self.detector.input.size
+        runs = []
+        for size in dict.fromkeys((self.max_batch, 1)):
+            with on_device(self.device):
+                # a fixed non-constant pattern: an all-zero image may take no box path at all
+                pattern = torch.arange(size * height * width * 3, dtype=torch.int64) % 251
+                rows = pattern.to(torch.uint8).reshape(size, height, width, 3)
+                if self.cuda:
+                    rows = rows.pin_memory()
+            start = time.perf_counter_ns()
+            self._post(self._compute(self._upload(rows, None)))
+            runs.append(WarmupRun(size, (time.perf_counter_ns() - start) / 1e6))
+        self.warmup = tuple(runs)
+        log.debug("warm-up: %s", ", ".join(f"batch {r.batch_size}: {r.ms:.1f} ms" for r in runs))
+
     def _run_submit(self) -> None:
         pending: _Staged | None = None
-        count = 0
         try:
+            if self.config.warmup:
+                self._warm_up()
+            self.ready_ns = time.monotonic_ns()
+            self.ready.set()
             for batch in self._batches():
-                staged = self._upload(batch)  # batch n+1's copy starts before batch n's compute
+                rows = self.ring.tensors[batch.slot][: batch.size]
+                staged = self._upload(rows, batch)  # n+1's copy starts before n's compute
                 if not self.cuda:
                     # no copy engine to overlap with: a batch held back would only wait
-                    self._hand_on(self._compute(staged, count % len(self._out)))
-                    count += 1
+                    self._launch(staged)
                     if self.stop.is_set():
                         break
                     continue
                 if pending is not None:
-                    self._hand_on(self._compute(pending, count % len(self._out)))
-                    count += 1
+                    self._launch(pending)
                 pending = staged
                 if self.inbox.empty():
                     # nothing to overlap with: waiting for the next batch would only add a
-                    # frame period to this one's latency, so run it now
-                    self._hand_on(self._compute(pending, count % len(self._out)))
-                    count += 1
+                    # frame period to this one's latency, so launch it now
+                    self._launch(pending)
                     pending = None
                 if self.stop.is_set():
                     break
             if pending is not None and not self.stop.is_set():
-                self._hand_on(self._compute(pending, count % len(self._out)))
+                self._launch(pending)
         finally:
             put_until_stopped(self._in_flight, None, self.stop)
 
-    def _hand_on(self, flight: _InFlight) -> None:
-        put_until_stopped(self._in_flight, flight, self.stop)
+    def _launch(self, staged: _Staged) -> None:
+        """Compute a staged batch once fewer than max_in_flight are unfinished."""
+        while not self._flight_slots.acquire(timeout=_POLL_S):
+            if self.stop.is_set():
+                return
+        with self._count_lock:
+            self._now_in_flight += 1
+            self.in_flight_high_water = max(self.in_flight_high_water, self._now_in_flight)
+        put_until_stopped(self._in_flight, self._compute(staged), self.stop)
 
     # ------------------------------------------------------------------ completion thread
 
@@ -287,30 +323,53 @@ class InferenceEngine:
                 return
             self._finish(flight)
 
+    def _post(self, flight: _InFlight) -> int:
+        """Filter + NMS + pack on the post-processing stream, copy into the pinned host
+        buffers, and wait for it all. Frees the staging slot as soon as its upload is done.
+        Returns the copy-done time."""
+        staged = flight.staged
+        n = staged.size
+        with self._stream(self._post_stream), torch.inference_mode():
+            if self.cuda:
+                assert self._post_stream is not None and flight.inferred is not None
+                self._post_stream.wait_event(flight.inferred)
+                for t in _tensors(flight.outputs):  # made on the compute stream, used here
+                    t.record_stream(self._post_stream)
+            packed, counts = self.step.postprocess(flight.outputs)
+            self._out[:n].copy_(packed, non_blocking=self.cuda)
+            self._counts[:n].copy_(counts, non_blocking=self.cuda)
+            if self.cuda:
+                flight.done = _new_event()
+                flight.done.record()
+        if not self.cuda:
+            flight.times_ns["postprocessed"] = time.monotonic_ns()
+            return staged.copy_done_ns
+        assert flight.done is not None and staged.start is not None and staged.copied is not None
+        assert flight.compute_started is not None and flight.inferred is not None
+        staged.copied.synchronize()
+        self._release(staged)  # the upload is done: the slot may be refilled
+        flight.done.synchronize()
+
+        def at(event: torch.cuda.Event) -> int:
+            assert staged.start is not None
+            return staged.submit_ns + int(staged.start.elapsed_time(event) * 1e6)
+
+        flight.times_ns["compute_start"] = at(flight.compute_started)
+        flight.times_ns["inference_done"] = at(flight.inferred)
+        flight.times_ns["postprocessed"] = at(flight.done)
+        return at(staged.copied)
+
     def _finish(self, flight: _InFlight) -> None:
         staged = flight.staged
         batch = staged.batch
+        assert batch is not None
+        copy_done = self._post(flight)
+        with self._count_lock:
+            self._now_in_flight -= 1
+        self._flight_slots.release()  # the device is done with it: the next may be launched
         times = flight.times_ns
-        if self.cuda:
-            assert flight.done is not None and staged.start is not None
-            assert staged.copied is not None and flight.inferred is not None
-            assert flight.compute_started is not None
-            staged.copied.synchronize()
-            self.ring.release(batch.slot)  # the upload is done: the slot may be refilled
-            flight.done.synchronize()
-
-            def at(event: torch.cuda.Event) -> int:
-                assert staged.start is not None
-                return staged.submit_ns + int(staged.start.elapsed_time(event) * 1e6)
-
-            copy_done = at(staged.copied)
-            times["compute_start"] = at(flight.compute_started)
-            times["inference_done"] = at(flight.inferred)
-            times["postprocessed"] = at(flight.done)
-        else:
-            copy_done = staged.copy_done_ns
-        counts = flight.host_counts[: batch.size].tolist()
-        packed = flight.host_out[: batch.size].numpy()
+        counts = self._counts[: batch.size].tolist()
+        packed = self._out[: batch.size].numpy()
         names = self.detector.class_names
         emitted = time.monotonic_ns()
         results = []

@@ -2,47 +2,16 @@
 
 to_model_input: uint8 NHWC batch (as uploaded: 4x less traffic than float32) -> normalised
 float NCHW. postprocess: per-image detector outputs -> score filter, class filter,
-class-aware NMS, top-k -> one packed (B, K, 6) tensor [x0, y0, x1, y1, score, label] plus
-counts, ready for a single device-to-host copy.
+class-aware NMS, top-k over the whole batch at once -> one packed (B, K, 6) tensor
+[x0, y0, x1, y1, score, label] plus counts, ready for a single device-to-host copy.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
-from torchvision.ops import batched_nms
-
-from drivepercept.config import PipelineConfig
-from drivepercept.models.base import Detector
-
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def ready_model(
-    detector: Detector, config: PipelineConfig, device: torch.device
-) -> torch.nn.Module:
-    """The detector's module on `device`, in eval mode, set up as `config` says (its own
-    post-processing thresholds, channels_last). The engine and the benchmark share it, so
-    that both run exactly the same model."""
-    detector.configure_postprocess(
-        score_threshold=config.score_threshold,
-        iou_threshold=config.iou_threshold,
-        max_detections=config.max_detections,
-    )
-    model = detector.module.to(device).eval()
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    return model
-
-
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """Mixed-precision context for "fp16"/"bf16"; nothing for "fp32"."""
-    dtype = _DTYPES[precision]
-    if dtype is torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+from torchvision.ops import batched_nms, nms
 
 
 def to_model_input(
@@ -80,6 +49,32 @@ def keep_table(
     return keep.to(device)
 
 
+def grouped_nms(
+    boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou_threshold: float
+) -> torch.Tensor:
+    """NMS within each group (image x class) in one call: indices of the kept boxes, highest
+    score first.
+
+    Groups are kept apart by shifting each group's boxes by `group x span` (the coordinate
+    trick of torchvision's `batched_nms`), but in float64: with a whole batch's image-and-class
+    groups the shifts reach millions of pixels, where float32 would round the boxes by a
+    tenth of a pixel and move overlaps that sit near the threshold. Above the sizes where
+    torchvision itself loops over groups instead (one NMS per group is faster than one over
+    everything), its loop is used.
+    """
+    if boxes.numel() == 0:
+        return torch.empty(0, dtype=torch.int64, device=boxes.device)
+    if boxes.numel() > (4000 if boxes.device.type == "cpu" else 20000):
+        kept: torch.Tensor = batched_nms(boxes, scores, groups, iou_threshold)
+        return kept
+    wide = boxes.double()
+    # tensors, not Python numbers: reading them on the host would synchronise the device
+    span = wide.max() - wide.min() + 1.0
+    shifted = wide + (groups.double() * span)[:, None]
+    kept = nms(shifted, scores.double(), iou_threshold)
+    return kept
+
+
 def postprocess(
     outputs: Sequence[dict[str, torch.Tensor]],
     *,
@@ -87,8 +82,16 @@ def postprocess(
     iou_threshold: float,
     max_detections: int,
     keep: torch.Tensor | None = None,
+    num_classes: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Filter and pack detections.
+    """Filter, suppress and pack a whole batch's detections with batched tensor operations.
+
+    The images' boxes are concatenated and go through one score/class filter and one NMS
+    whose groups are (image, class), then are ranked within their image and scattered into
+    the packed output. Per image the result is that of filtering, class-aware NMS and top-k
+    on that image alone. On a GPU only the filter and the NMS read a size back to the host
+    (two synchronisations a batch, not four an image), and the engine runs this on its
+    completion thread, so they never hold up the next batch's launch.
 
     Args:
         outputs: one dict per image with boxes (N, 4), scores (N,), labels (N,).
@@ -96,25 +99,48 @@ def postprocess(
         iou_threshold: class-aware NMS overlap.
         max_detections: K, the most boxes kept per image (highest scores).
         keep: optional bool lookup table, keep[label] says whether a class is kept.
+        num_classes: labels at or above it share one NMS group per image (0: take the
+            largest label in the batch, which costs one more synchronisation).
 
     Returns:
-        packed (B, K, 6) float32 and counts (B,) int32, on the outputs' device.
+        packed (B, K, 6) float32 [x0, y0, x1, y1, score, label] and counts (B,) int32, on
+        the outputs' device.
     """
+    b, k = len(outputs), max_detections
     device = outputs[0]["boxes"].device if outputs else torch.device("cpu")
-    packed = torch.zeros((len(outputs), max_detections, 6), dtype=torch.float32, device=device)
-    counts = torch.zeros(len(outputs), dtype=torch.int32, device=device)
-    for i, out in enumerate(outputs):
-        boxes = out["boxes"].float()
-        scores = out["scores"].float()
-        labels = out["labels"].long()
-        mask = scores >= score_threshold
-        if keep is not None:
-            mask &= keep[labels.clamp(0, keep.numel() - 1)] & (labels < keep.numel())
-        boxes, scores, labels = boxes[mask], scores[mask], labels[mask]
-        order = batched_nms(boxes, scores, labels, iou_threshold)[:max_detections]
-        n = order.numel()
-        packed[i, :n, :4] = boxes[order]
-        packed[i, :n, 4] = scores[order]
-        packed[i, :n, 5] = labels[order].float()
-        counts[i] = n
-    return packed, counts
+    if b == 0:
+        empty = torch.zeros(0, dtype=torch.int32, device=device)
+        return torch.zeros((0, k, 6), device=device), empty
+    boxes = torch.cat([o["boxes"].float().reshape(-1, 4) for o in outputs])
+    scores = torch.cat([o["scores"].float().reshape(-1) for o in outputs])
+    labels = torch.cat([o["labels"].long().reshape(-1) for o in outputs])
+    image = torch.cat(
+        [
+            torch.full((o["scores"].numel(),), i, dtype=torch.int64, device=device)
+            for i, o in enumerate(outputs)
+        ]
+    )
+    mask = scores >= score_threshold
+    if keep is not None:
+        mask &= keep[labels.clamp(0, keep.numel() - 1)] & (labels < keep.numel())
+    boxes, scores, labels, image = boxes[mask], scores[mask], labels[mask], image[mask]
+    n_groups = num_classes
+    if n_groups <= 0:
+        n_groups = int(labels.max().item()) + 1 if len(labels) else 1
+    groups = image * (n_groups + 1) + labels.clamp(0, n_groups)
+    kept = grouped_nms(boxes, scores, groups, iou_threshold)  # highest score first
+    # rank within the image: a stable sort by image keeps each image's scores descending
+    by_image = image[kept].sort(stable=True)
+    order = kept[by_image.indices]
+    img = by_image.values
+    per_image = torch.zeros(b, dtype=torch.int64, device=device)
+    per_image.scatter_add_(0, img, torch.ones_like(img))
+    first = torch.cumsum(per_image, 0) - per_image
+    rank = torch.arange(len(order), device=device) - first[img]
+    # rows past K go to a spare column that is cut off below (no boolean mask: no sync)
+    column = rank.clamp(max=k)
+    packed = torch.zeros((b, k + 1, 6), dtype=torch.float32, device=device)
+    packed[img, column] = torch.cat(
+        [boxes[order], scores[order, None], labels[order, None].float()], dim=1
+    )
+    return packed[:, :k].contiguous(), per_image.clamp(max=k).to(torch.int32)

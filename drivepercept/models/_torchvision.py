@@ -30,32 +30,44 @@ DRIVING_CLASSES: tuple[str, ...] = (
 )
 
 
+# The parts that run in fp16/bf16 under mixed precision: the backbone with its FPN and the
+# heads (convolutions and matrix products: the work that gains). Anchors, box decoding, RoI
+# pooling and NMS between and after them stay float32 (see engine/precision.py). The heads'
+# outputs are logits and box deltas relative to an anchor, where half precision costs a
+# fraction of a pixel, unlike absolute coordinates.
+_ONE_STAGE = ("backbone", "head")
+_TWO_STAGE = ("backbone", "rpn.head", "roi_heads.box_head", "roi_heads.box_predictor")
+
+
 @dataclass(frozen=True)
 class _Entry:
     """How to build one torchvision detector.
 
     Attributes:
         size: (width, height) of the model input.
+        reduced_precision: the submodules that run in fp16/bf16 (see above).
         kwargs: extra builder arguments (the inner resize bounds that make it the identity).
     """
 
     size: tuple[int, int]
+    reduced_precision: tuple[str, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def _identity_resize(width: int, height: int) -> _Entry:
-    return _Entry((width, height), {"min_size": min(width, height), "max_size": max(width, height)})
+def _identity_resize(width: int, height: int, parts: tuple[str, ...]) -> _Entry:
+    bounds = {"min_size": min(width, height), "max_size": max(width, height)}
+    return _Entry((width, height), parts, bounds)
 
 
 _MODELS: dict[str, _Entry] = {
     # Fixed 320x320 (SSD stretches internally, so our letterbox is the only resize).
-    "ssdlite320_mobilenet_v3_large": _Entry((320, 320)),
+    "ssdlite320_mobilenet_v3_large": _Entry((320, 320), _ONE_STAGE),
     # torchvision's defaults (min 320, max 640) leave 576x320 untouched.
-    "fasterrcnn_mobilenet_v3_large_320_fpn": _Entry((576, 320)),
+    "fasterrcnn_mobilenet_v3_large_320_fpn": _Entry((576, 320), _TWO_STAGE),
     # Trained at short side 800; 768 keeps 16:9 on the stride-32 grid at about the same scale.
-    "fasterrcnn_mobilenet_v3_large_fpn": _identity_resize(1344, 768),
-    "retinanet_resnet50_fpn_v2": _identity_resize(1344, 768),
-    "fcos_resnet50_fpn": _identity_resize(1344, 768),
+    "fasterrcnn_mobilenet_v3_large_fpn": _identity_resize(1344, 768, _TWO_STAGE),
+    "retinanet_resnet50_fpn_v2": _identity_resize(1344, 768, _ONE_STAGE),
+    "fcos_resnet50_fpn": _identity_resize(1344, 768, _ONE_STAGE),
 }
 
 NAMES: tuple[str, ...] = tuple(_MODELS)
@@ -117,6 +129,7 @@ def build(name: str, weights: str | None) -> Detector:
         class_names=class_names,
         keep_labels=driving_labels(class_names),
         set_postprocess=lambda score, iou, k: _set_postprocess(module, score, iou, k),
+        reduced_precision=entry.reduced_precision,
     )
 
 

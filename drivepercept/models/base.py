@@ -66,6 +66,10 @@ class Detector:
             that pushes the engine's post-processing settings into the model's own (torchvision
             detectors filter candidates internally at a very low score; telling them the final
             threshold saves building and suppressing boxes the engine would drop anyway).
+        reduced_precision: dotted names of the submodules (backbone, neck, heads) that run in
+            fp16/bf16 when a reduced precision is asked for; everything else (anchors, box
+            decoding, NMS) then runs in float32. None runs the whole forward under autocast:
+            the detector must then decode in float32 itself (see `engine/precision.py`).
     """
 
     name: str
@@ -74,6 +78,7 @@ class Detector:
     class_names: tuple[str, ...]
     keep_labels: frozenset[int] | None = None
     set_postprocess: Callable[[float, float, int], None] | None = None
+    reduced_precision: tuple[str, ...] | None = None
 
     def configure_postprocess(
         self, *, score_threshold: float, iou_threshold: float, max_detections: int

@@ -66,12 +66,17 @@ class GpuRef:
     pci_bus: int
     pci_device: int
 
+    @property
+    def bus_id(self) -> str:
+        """The PCI address as NVML takes it ("domain:bus:device.function", hex)."""
+        return f"{self.pci_domain:08x}:{self.pci_bus:02x}:{self.pci_device:02x}.0"
+
 
 @dataclass(frozen=True)
 class GpuInfo:
     """Static facts about one sampled GPU."""
 
-    index: int  # NVML index
+    index: int  # NVML index (-1 where NVML will not say)
     cuda_index: int
     name: str
     uuid: str
@@ -132,25 +137,52 @@ class NvmlReader:
             self.close()
             raise
 
+    def _find(self, ref: GpuRef) -> Any:
+        """The handle of the GPU at `ref`'s PCI address, opening no other GPU.
+
+        Straight by bus id where NVML can; else (older bindings, or a lookup NVML refuses)
+        by walking the GPUs, skipping those this process may not open (a GPU outside its
+        Slurm or cgroup allocation answers NVML_ERROR_NO_PERMISSION): one GPU we cannot see
+        must not cost the metrics of the one we use.
+        """
+        nvml = self.nvml
+        lookup = getattr(nvml, "nvmlDeviceGetHandleByPciBusId", None)
+        if lookup is not None:
+            try:
+                return lookup(ref.bus_id)
+            except nvml.NVMLError as exc:
+                log.debug("NVML lookup of %s by bus id: %s", ref.bus_id, exc)
+        for i in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                pci = nvml.nvmlDeviceGetPciInfo(handle)
+            except nvml.NVMLError as exc:
+                log.debug("NVML GPU %d skipped: %s", i, exc)
+                continue
+            if (int(pci.domain), int(pci.bus), int(pci.device)) == (
+                ref.pci_domain,
+                ref.pci_bus,
+                ref.pci_device,
+            ):
+                return handle
+        raise LookupError(f"NVML lists no GPU at PCI {ref.bus_id} (cuda:{ref.cuda_index})")
+
+    def _index(self, handle: Any) -> int:
+        try:
+            return int(self.nvml.nvmlDeviceGetIndex(handle))
+        except (self.nvml.NVMLError, AttributeError):
+            return -1
+
     def _open(self, refs: Sequence[GpuRef]) -> None:
         nvml = self.nvml
         self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
         self.nvml_version = _text(nvml.nvmlSystemGetNVMLVersion())
-        by_pci: dict[tuple[int, int, int], int] = {}
-        for i in range(nvml.nvmlDeviceGetCount()):
-            pci = nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(i))
-            by_pci[(int(pci.domain), int(pci.bus), int(pci.device))] = i
         self.unsupported: set[str] = set()
         self.handles: list[Any] = []
         infos = []
         for ref in refs:
-            index = by_pci.get((ref.pci_domain, ref.pci_bus, ref.pci_device))
-            if index is None:
-                raise LookupError(
-                    f"NVML lists no GPU at PCI {ref.pci_domain:04x}:{ref.pci_bus:02x}:"
-                    f"{ref.pci_device:02x} (cuda:{ref.cuda_index})"
-                )
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            handle = self._find(ref)
+            index = self._index(handle)
             self.handles.append(handle)
             pci = nvml.nvmlDeviceGetPciInfo(handle)
             infos.append(

@@ -1,0 +1,83 @@
+"""scripts/gpu_check.sh: runnable on the lent GPU machine as it is, and within its time.
+
+The GPU run itself needs a GPU; its dry run does every step on the CPU with tiny sizes, so a
+broken step shows up here, not in the few minutes a GPU is lent.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(400)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+
+def _code_lines() -> list[str]:
+    """The script without comments (its header explains how to fill .whl with pip, here)."""
+    return [line.split("#", 1)[0] for line in SCRIPT.read_text().splitlines()]
+
+
+def _steps() -> list[tuple[str, int]]:
+    steps = []
+    for line in _code_lines():
+        found = re.match(r'\s*step ("[^"]+"|\S+) (\d+) ', line)
+        if found:
+            steps.append((found.group(1).strip('"'), int(found.group(2))))
+    return steps
+
+
+def test_the_script_never_calls_pip() -> None:
+    assert not [line for line in _code_lines() if re.search(r"\bpip\b", line)]
+
+
+def test_step_limits_with_their_kill_grace_add_up_to_at_most_480_s() -> None:
+    text = "\n".join(_code_lines())
+    kill_after = int(re.search(r"KILL_AFTER=(\d+)", text).group(1))  # type: ignore[union-attr]
+    steps = _steps()
+    assert len(steps) >= 10
+    total = sum(limit + kill_after for _, limit in steps)
+    assert total <= 480, (total, steps)
+    assert 'timeout -k "$KILL_AFTER" "$limit"' in text
+
+
+def test_dry_run_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert proc.returncode == 0, log[-4000:]
+    for name, _ in _steps():
+        name = name.replace("$HALF", "bf16")
+        assert re.search(rf"== {re.escape(name)}: exit 0 after \d+ s", log), name
+    assert "gpu_check: passed" in log
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert re.search(r"replay-fp32: 36 frames", summary), summary
+    assert "warm-up [{'batch_size': 6" in summary
+    with tarfile.open(tmp_path / "out" / "results.tgz") as tar:
+        names = tar.getnames()
+    for run in ("replay-fp32", "replay-bf16", "live"):
+        assert f"results/{run}/summary.json" in names, names
+    assert "results/replay-fp32/compare-replay-bf16.html" in names, names
+    # no more files than the device tool brings back (8)
+    assert len(list((tmp_path / "out").iterdir())) <= 8
+
+
+def test_a_wrong_argument_is_refused() -> None:
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--fast"], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 2 and "usage" in proc.stderr
