@@ -140,6 +140,10 @@ class InferenceEngine:
             self._copy_stream = _new_stream(device) if self.cuda else None
             self._compute_stream = _new_stream(device) if self.cuda else None
             self._post_stream = _new_stream(device) if self.cuda else None
+            if self.cuda:
+                # the weights and constants went up on the default stream, which our streams
+                # do not wait for: let those copies land before any kernel reads them
+                torch.cuda.current_stream(device).synchronize()
         # launched and not yet finished: at most max_in_flight
         self._flight_slots = threading.Semaphore(config.max_in_flight)
         self._in_flight: queue.Queue[_InFlight | None] = queue.Queue(
