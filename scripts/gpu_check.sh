@@ -157,19 +157,34 @@ PY
 live() {
     local port
     port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-    drivepercept serve-cameras sample_videos/rig.toml --port "$port" >"$WORK/serve.txt" 2>&1 &
+    # python itself in the background (not a shell function, whose $! would be a subshell
+    # and leave the server running when killed)
+    python3 -m drivepercept serve-cameras sample_videos/rig.toml --port "$port" \
+        >"$WORK/serve.txt" 2>&1 &
     local server=$!
+    # shellcheck disable=SC2064
+    trap "kill $server 2>/dev/null" EXIT
     local cams=() cam
     for cam in front front_left front_right back back_left back_right; do
         cams+=("--camera=$cam=http://127.0.0.1:$port/$cam.mjpg")
     done
-    sleep 3
+    python3 - "$port" <<'PY' || return 1
+import socket
+import sys
+import time
+
+deadline = time.monotonic() + 20
+while True:  # the server is up once it accepts a connection
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit("gpu_check: the camera server did not come up in 20 s")
+        time.sleep(0.2)
+PY
     drivepercept live "${cams[@]}" --device "$DEVICE" --precision "$LIVE_PRECISION" \
         --duration "$LIVE_S" --out "$RUNS" --name live --no-progress
-    local rc=$?
-    kill "$server" 2>/dev/null
-    wait "$server" 2>/dev/null
-    return "$rc"
 }
 
 sampler_cost() {
@@ -185,8 +200,8 @@ fi
 export DRY_RUN DEVICE FRAMES ROUNDS MAX_FRAMES LIVE_S SAMPLER_FRAMES LIVE_PRECISION WORK RUNS
 export -f drivepercept environment cuda_tests bench replay nvml_figures live sampler_cost
 
-step environment 10 environment
-step "cuda tests" 120 cuda_tests
+step environment 30 environment
+step "cuda tests" 100 cuda_tests
 step "bench ssdlite fp32" 30 bench ssdlite320_mobilenet_v3_large fp32 none
 step "bench ssdlite $HALF" 30 bench ssdlite320_mobilenet_v3_large "$HALF" none
 step "bench drivepercept-tiny bf16" 30 bench drivepercept-tiny bf16 DEFAULT

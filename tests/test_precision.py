@@ -26,7 +26,7 @@ from torchvision.ops import box_iou
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.precision import ReducedPrecision, set_reduced_precision, to_float32
 from drivepercept.engine.step import DetectorStep
-from drivepercept.models.base import Detector, InputSpec
+from drivepercept.models.base import Detector, InputSpec, ModelError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -216,8 +216,10 @@ def test_reduced_precision_parts_are_wrapped_once_and_unwrapped_for_fp32() -> No
     assert model.backbone.dtype is torch.float16
     set_reduced_precision(model, ("backbone", "head"), "fp32", cpu)
     assert isinstance(model.backbone, _Features) and isinstance(model.head, _SceneHead)
-    with pytest.raises(AttributeError, match="no submodule"):
+    with pytest.raises(ModelError, match="no submodule 'nothing_here'"):
         set_reduced_precision(model, ("nothing_here",), "bf16", cpu)
+    with pytest.raises(ModelError, match=r"no submodule 'head\.nothing'"):
+        set_reduced_precision(model, ("head.nothing",), "bf16", cpu)
 
 
 def test_to_float32_reaches_into_containers() -> None:

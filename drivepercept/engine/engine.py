@@ -89,8 +89,10 @@ def _new_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
 
-def _new_event() -> torch.cuda.Event:
-    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+def _new_event(*, waited_on: bool = False) -> torch.cuda.Event:
+    # an event the host waits for is blocking: the waiting thread sleeps instead of
+    # spinning on a core the decoders need
+    return torch.cuda.Event(enable_timing=True, blocking=waited_on)  # type: ignore[no-untyped-call]
 
 
 def _tensors(outputs: Outputs) -> Iterator[torch.Tensor]:
@@ -198,7 +200,7 @@ class InferenceEngine:
             now = time.monotonic_ns()
             return _Staged(batch, rows.shape[0], rows, now, copy_done_ns=now)
         start = _new_event()
-        copied = _new_event()
+        copied = _new_event(waited_on=True)
         with self._stream(self._copy_stream):
             start.record()
             submit_ns = time.monotonic_ns()
@@ -232,7 +234,7 @@ class InferenceEngine:
             outputs = self.step.forward(x)
             inferred: torch.cuda.Event | None = None
             if self.cuda:
-                inferred = _new_event()
+                inferred = _new_event(waited_on=True)
                 inferred.record()
             else:
                 times["inference_done"] = time.monotonic_ns()
@@ -262,10 +264,9 @@ class InferenceEngine:
         for size in dict.fromkeys((self.max_batch, 1)):
             with on_device(self.device):
                 # a fixed non-constant pattern: an all-zero image may take no box path at all
-                pattern = torch.arange(size * height * width * 3, dtype=torch.int64) % 251
-                rows = pattern.to(torch.uint8).reshape(size, height, width, 3)
-                if self.cuda:
-                    rows = rows.pin_memory()
+                line = (torch.arange(width * 3, dtype=torch.int32) % 251).to(torch.uint8)
+                rows = line.reshape(1, 1, width, 3).expand(size, height, width, 3)
+                rows = rows.pin_memory() if self.cuda else rows.contiguous()
             start = time.perf_counter_ns()
             self._post(self._compute(self._upload(rows, None)))
             runs.append(WarmupRun(size, (time.perf_counter_ns() - start) / 1e6))
@@ -329,10 +330,17 @@ class InferenceEngine:
 
     def _post(self, flight: _InFlight) -> int:
         """Filter + NMS + pack on the post-processing stream, copy into the pinned host
-        buffers, and wait for it all. Frees the staging slot as soon as its upload is done.
-        Returns the copy-done time."""
+        buffers, and wait for it all. Frees the staging slot as soon as its upload is done,
+        and sleeps (blocking events) while the model runs, so that the two waits inside
+        post-processing (the filter's and the NMS's sizes) are short. Returns the copy-done
+        time."""
         staged = flight.staged
         n = staged.size
+        if self.cuda:
+            assert staged.copied is not None and flight.inferred is not None
+            staged.copied.synchronize()
+            self._release(staged)  # the upload is done: the slot may be refilled
+            flight.inferred.synchronize()
         with self._stream(self._post_stream), torch.inference_mode():
             if self.cuda:
                 assert self._post_stream is not None and flight.inferred is not None
@@ -343,15 +351,13 @@ class InferenceEngine:
             self._out[:n].copy_(packed, non_blocking=self.cuda)
             self._counts[:n].copy_(counts, non_blocking=self.cuda)
             if self.cuda:
-                flight.done = _new_event()
+                flight.done = _new_event(waited_on=True)
                 flight.done.record()
         if not self.cuda:
             flight.times_ns["postprocessed"] = time.monotonic_ns()
             return staged.copy_done_ns
         assert flight.done is not None and staged.start is not None and staged.copied is not None
         assert flight.compute_started is not None and flight.inferred is not None
-        staged.copied.synchronize()
-        self._release(staged)  # the upload is done: the slot may be refilled
         flight.done.synchronize()
 
         def at(event: torch.cuda.Event) -> int:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from drivepercept.models.base import ModelError
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -62,7 +64,7 @@ def _parent(module: torch.nn.Module, path: str) -> tuple[torch.nn.Module, str]:
     for name in parents:
         child = getattr(owner, name, None)
         if not isinstance(child, torch.nn.Module):
-            raise AttributeError(f"{type(module).__name__} has no submodule {path!r}")
+            raise ModelError(f"{type(module).__name__} has no submodule {path!r}")
         owner = child.inner if isinstance(child, ReducedPrecision) else child
     return owner, leaf
 
@@ -76,14 +78,14 @@ def set_reduced_precision(
     with different precisions one after the other.
 
     Raises:
-        AttributeError: a part names no submodule.
+        ModelError: a part names no submodule (a plugin's `reduced_precision` is wrong).
     """
     dtype = DTYPES[precision]
     for path in parts:
         owner, leaf = _parent(module, path)
         current = getattr(owner, leaf, None)
         if not isinstance(current, torch.nn.Module):
-            raise AttributeError(f"{type(module).__name__} has no submodule {path!r}")
+            raise ModelError(f"{type(module).__name__} has no submodule {path!r}")
         inner = current.inner if isinstance(current, ReducedPrecision) else current
         wrapped: torch.nn.Module = inner
         if dtype is not torch.float32:

@@ -81,16 +81,19 @@ def postprocess(
     score_threshold: float,
     iou_threshold: float,
     max_detections: int,
+    num_classes: int,
     keep: torch.Tensor | None = None,
-    num_classes: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Filter, suppress and pack a whole batch's detections with batched tensor operations.
 
     The images' boxes are concatenated and go through one score/class filter and one NMS
     whose groups are (image, class), then are ranked within their image and scattered into
     the packed output. Per image the result is that of filtering, class-aware NMS and top-k
-    on that image alone. On a GPU only the filter and the NMS read a size back to the host
-    (two synchronisations a batch, not four an image), and the engine runs this on its
+    on that image alone (up to float rounding: the groups are kept apart in float64, where
+    a per-image `batched_nms` shifts by class in float32; boxes with a non-finite
+    coordinate are dropped). On a GPU only the filter and the NMS read a size back to the
+    host (two synchronisations a batch, not four an image; above torchvision's size limit for
+    one NMS call, its per-group loop waits once a group), and the engine runs this on its
     completion thread, so they never hold up the next batch's launch.
 
     Args:
@@ -98,9 +101,9 @@ def postprocess(
         score_threshold: boxes scoring below are dropped.
         iou_threshold: class-aware NMS overlap.
         max_detections: K, the most boxes kept per image (highest scores).
+        num_classes: the detector's class count; out-of-range labels (negative, or at or
+            above it) share one NMS group per image.
         keep: optional bool lookup table, keep[label] says whether a class is kept.
-        num_classes: labels at or above it share one NMS group per image (0: take the
-            largest label in the batch, which costs one more synchronisation).
 
     Returns:
         packed (B, K, 6) float32 [x0, y0, x1, y1, score, label] and counts (B,) int32, on
@@ -120,14 +123,15 @@ def postprocess(
             for i, o in enumerate(outputs)
         ]
     )
-    mask = scores >= score_threshold
+    # a non-finite box is junk, and would spoil the NMS shifts of the whole batch
+    mask = (scores >= score_threshold) & torch.isfinite(boxes).all(dim=1)
     if keep is not None:
         mask &= keep[labels.clamp(0, keep.numel() - 1)] & (labels < keep.numel())
-    boxes, scores, labels, image = boxes[mask], scores[mask], labels[mask], image[mask]
-    n_groups = num_classes
-    if n_groups <= 0:
-        n_groups = int(labels.max().item()) + 1 if len(labels) else 1
-    groups = image * (n_groups + 1) + labels.clamp(0, n_groups)
+    index = mask.nonzero().squeeze(1)  # the filter's one wait for the device
+    boxes, scores = boxes.index_select(0, index), scores.index_select(0, index)
+    labels, image = labels.index_select(0, index), image.index_select(0, index)
+    in_range = (labels >= 0) & (labels < num_classes)
+    groups = image * (num_classes + 1) + torch.where(in_range, labels, num_classes)
     kept = grouped_nms(boxes, scores, groups, iou_threshold)  # highest score first
     # rank within the image: a stable sort by image keeps each image's scores descending
     by_image = image[kept].sort(stable=True)

@@ -16,7 +16,7 @@ import torch
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.precision import autocast, set_reduced_precision
 from drivepercept.engine.stages import keep_table, postprocess, to_model_input
-from drivepercept.models.base import Detector
+from drivepercept.models.base import Detector, ModelError
 
 Outputs = list[dict[str, torch.Tensor]]
 
@@ -43,7 +43,10 @@ class DetectorStep:
         model = detector.module.to(device).eval()
         parts = detector.reduced_precision
         if parts is not None:
-            set_reduced_precision(model, parts, config.precision, device)
+            try:
+                set_reduced_precision(model, parts, config.precision, device)
+            except ModelError as exc:
+                raise ModelError(f"model {detector.name}: reduced_precision: {exc}") from None
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
