@@ -11,6 +11,7 @@ spread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -21,7 +22,7 @@ import numpy as np
 
 from drivepercept.buffers import StagingRing
 from drivepercept.queues import CameraQueues, put_until_stopped
-from drivepercept.types import Batch, FrameMeta
+from drivepercept.types import Batch
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class Batcher:
                 metas = []
                 for row, (frame, queued_ns) in enumerate(taken):
                     np.copyto(rows[row], frame.image)
-                    metas.append(FrameMeta.of(frame, queued_ns=queued_ns))
+                    metas.append(dataclasses.replace(frame.meta, queued_ns=queued_ns))
                 batch = Batch(
                     batch_index=self.batches,
                     slot=slot,

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from drivepercept.config import CameraConfig, PipelineConfig, PrepareSpec
+from drivepercept.config import CameraConfig, PipelineConfig
 from drivepercept.engine.device import resolve_device
 from drivepercept.engine.step import DetectorStep
-from drivepercept.models.base import Detector
+from drivepercept.models.base import Detector, InputSpec
 from drivepercept.pipeline import Pipeline
 from drivepercept.replay import open_readers
 from drivepercept.sources.prepare import prepare
@@ -61,14 +61,6 @@ class BenchResult:
         return "\n".join(rows)
 
 
-def _spec(detector: Detector) -> PrepareSpec:
-    return PrepareSpec(
-        size=detector.input.size,
-        letterbox=detector.input.letterbox,
-        pad_value=detector.input.pad_value,
-    )
-
-
 def _model_only(runner: DetectorStep, batch: torch.Tensor, batches: int) -> BenchLine:
     start = time.perf_counter()
     for _ in range(batches):
@@ -91,7 +83,7 @@ def _pipeline(
 
 
 def _naive(
-    cams: Sequence[CameraConfig], runner: DetectorStep, spec: PrepareSpec, frames_per_camera: int
+    cams: Sequence[CameraConfig], runner: DetectorStep, spec: InputSpec, frames_per_camera: int
 ) -> BenchLine:
     readers = open_readers(cams)
     done = 0
@@ -102,7 +94,7 @@ def _naive(
                 got = r.read()
                 if got is None:
                     continue
-                image, _ = prepare(got[0], spec)
+                image, _ = prepare(got.image_bgr, spec)
                 runner(torch.from_numpy(image[None]))
                 done += 1
     finally:
@@ -127,7 +119,7 @@ def bench(
     device = resolve_device(config.device)
     # the engine's own steps, run synchronously: the same model set-up and precision
     runner = DetectorStep(detector, config, device)
-    spec = _spec(detector)
+    spec = detector.input
 
     # (a)'s pre-made batch: the first frame of every camera, prepared once
     images = []
@@ -137,7 +129,7 @@ def bench(
             got = r.read()
             if got is None:
                 raise SourceError(f"camera {cam.name!r} has no frames to benchmark with")
-            images.append(prepare(got[0], spec)[0])
+            images.append(prepare(got.image_bgr, spec)[0])
     finally:
         for r in readers:
             r.close()

@@ -418,15 +418,6 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
-class PrepareSpec:
-    """How decoder threads prepare frames: resize/letterbox to `size`, BGR -> RGB."""
-
-    size: tuple[int, int]  # (width, height)
-    letterbox: bool = True
-    pad_value: int = 114
-
-
-@dataclass(frozen=True)
 class PipelineConfig:
     """Knobs of the replay pipeline (TOML keys and CLI flags have the same names).
 

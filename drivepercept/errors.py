@@ -15,6 +15,10 @@ class OutputError(DrivePerceptError, OSError):
     """An output location cannot be created or written."""
 
 
+class ModelError(DrivePerceptError):
+    """A model cannot be built or its weights cannot be loaded."""
+
+
 def one_line(text: str, *, limit: int = 300) -> str:
     """Collapse whitespace and newlines, and cut to `limit` characters (for error lines)."""
     flat = " ".join(str(text).split())

@@ -27,7 +27,7 @@ import torch
 
 from drivepercept.batching import Batcher
 from drivepercept.buffers import StagingRing
-from drivepercept.config import PipelineConfig, PrepareSpec
+from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
 from drivepercept.engine.engine import InferenceEngine, WarmupRun
 from drivepercept.errors import DrivePerceptError, one_line
@@ -181,11 +181,7 @@ class Pipeline:
                 width=width,
                 pin_memory=self.device.type == "cuda",
             )
-        spec = PrepareSpec(
-            size=detector.input.size,
-            letterbox=detector.input.letterbox,
-            pad_value=detector.input.pad_value,
-        )
+        spec = detector.input
         self.decoders = [
             DecoderThread(
                 camera=name,

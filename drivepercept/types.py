@@ -7,11 +7,13 @@ One box convention, written once: `xyxy` in pixels of the original camera frame,
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from drivepercept.errors import ModelError
 
 FloatArray = npt.NDArray[np.float32]
 ImageU8 = npt.NDArray[np.uint8]
@@ -26,6 +28,18 @@ class DropPolicy(enum.Enum):
 
     BLOCK = "block"
     DROP_OLDEST = "drop_oldest"
+
+
+class CameraState(enum.Enum):
+    """Where a camera is: the same names in run.json, the report, /metrics and the status
+    line. A file replays as streaming, then ended; a live camera may also be connecting,
+    reconnecting or (after too many failures in a row) failed."""
+
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    RECONNECTING = "reconnecting"
+    FAILED = "failed"
+    ENDED = "ended"
 
 
 @dataclass(frozen=True)
@@ -60,76 +74,81 @@ class Letterbox:
         return boxes
 
 
-@dataclass(frozen=True, eq=False)
-class Frame:
-    """One decoded camera frame, prepared for the model (RGB, model input size, uint8).
+@dataclass(frozen=True)
+class InputSpec:
+    """The input a detector wants, and so how decoder threads prepare frames for it.
 
     Attributes:
-        camera: camera name.
-        camera_index: position of the camera in the rig (its slot in a batch).
-        frame_index: index of the frame in its source (0-based, counts every decoded frame).
-        pts_s: presentation time in the source (seconds from its start).
-        capture_ns: monotonic time the frame was read (the pipeline's "photon" time).
-        decoded_ns: when decoding finished.
-        preprocessed_ns: when it was resized / letterboxed.
-        image: (H, W, 3) uint8 RGB at the model's input size.
-        letterbox: how to map model-input boxes back to original pixels.
+        size: (width, height) of the input in pixels.
+        mean, std: per-channel RGB normalisation of pixels scaled to [0, 1].
+        letterbox: keep the aspect ratio and pad (True) or stretch to the size (False).
+        pad_value: uint8 value of the padding.
     """
+
+    size: tuple[int, int]
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    letterbox: bool = True
+    pad_value: int = 114
+
+    def __post_init__(self) -> None:
+        w, h = self.size
+        if not (16 <= w <= 8192 and 16 <= h <= 8192):
+            raise ModelError(f"model input size must be 16..8192 pixels a side, got {w}x{h}")
+        if any(s <= 0 for s in self.std):
+            raise ModelError(f"model input std must be positive, got {self.std}")
+
+
+@dataclass(frozen=True)
+class FrameMeta:
+    """A frame's identity and host timestamps: made once by its decoder thread and carried
+    unchanged (but for `queued_ns`, set when it enters its queue) inside `Frame`, `Batch`
+    and `FrameResult`. `original_bgr` is kept only when annotated video is wanted."""
 
     camera: str
     camera_index: int
-    frame_index: int
-    pts_s: float
-    capture_ns: int
+    frame_index: int  # index in its source (0-based, counts every decoded frame)
+    pts_s: float  # presentation time in the source (seconds from its start)
+    capture_ns: int  # when the frame was read, or arrived from a live camera ("photon" time)
     decoded_ns: int
     preprocessed_ns: int
+    letterbox: Letterbox  # how to map model-input boxes back to original pixels
+    queued_ns: int = 0
+    original_bgr: ImageU8 | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, eq=False)
+class Frame:
+    """One decoded camera frame, prepared for the model: its `meta` and `image`, (H, W, 3)
+    uint8 RGB at the model's input size."""
+
+    meta: FrameMeta
     image: ImageU8 = field(repr=False)
-    letterbox: Letterbox
-    original_bgr: ImageU8 | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        want = (self.letterbox.dst_size[1], self.letterbox.dst_size[0], 3)
+        dst = self.meta.letterbox.dst_size
+        want = (dst[1], dst[0], 3)
         if self.image.shape != want or self.image.dtype != np.uint8:
             raise ValueError(
                 f"frame image must be uint8 {want}, got {self.image.dtype} {self.image.shape}"
             )
 
+    @property
+    def camera(self) -> str:
+        return self.meta.camera
+
+    @property
+    def camera_index(self) -> int:
+        return self.meta.camera_index
+
+    @property
+    def frame_index(self) -> int:
+        return self.meta.frame_index
+
     def __repr__(self) -> str:
         return (
             f"Frame(camera={self.camera!r}, frame_index={self.frame_index}, "
             f"image={self.image.shape})"
-        )
-
-
-@dataclass(frozen=True)
-class FrameMeta:
-    """A frame's identity and host timestamps (what a batch carries; its model-input pixels
-    are in the staging ring). `original_bgr` is kept only when annotated video is wanted."""
-
-    camera: str
-    camera_index: int
-    frame_index: int
-    pts_s: float
-    capture_ns: int
-    decoded_ns: int
-    preprocessed_ns: int
-    queued_ns: int
-    letterbox: Letterbox
-    original_bgr: ImageU8 | None = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def of(cls, frame: Frame, *, queued_ns: int) -> FrameMeta:
-        return cls(
-            camera=frame.camera,
-            camera_index=frame.camera_index,
-            frame_index=frame.frame_index,
-            pts_s=frame.pts_s,
-            capture_ns=frame.capture_ns,
-            decoded_ns=frame.decoded_ns,
-            preprocessed_ns=frame.preprocessed_ns,
-            queued_ns=queued_ns,
-            letterbox=frame.letterbox,
-            original_bgr=frame.original_bgr,
         )
 
 
@@ -215,58 +234,84 @@ class Detections:
         return f"Detections(n={len(self)})"
 
 
-@dataclass(frozen=True)
-class FrameTiming:
-    """When each stage handled one frame (monotonic ns; 0 where a stage does not apply).
-
-    Device spans (copy, inference, post-processing) are per batch and shared by its frames;
-    on CUDA they come from CUDA events mapped onto the host clock.
-    """
-
-    capture_ns: int
-    decoded_ns: int
-    preprocessed_ns: int
-    queued_ns: int
-    batched_ns: int
-    copy_done_ns: int
-    inference_done_ns: int
-    postprocessed_ns: int
-    emitted_ns: int
-    copy_start_ns: int = 0  # when the batch's upload began (device span start)
-    compute_start_ns: int = 0  # when the device began computing the batch
-
-    @property
-    def end_to_end_ms(self) -> float:
-        """Capture to emission."""
-        return (self.emitted_ns - self.capture_ns) / 1e6
-
-
-STAGES: tuple[str, ...] = (
+# Every per-frame timestamp, in the order a frame meets them: the one list that FrameTiming,
+# frames.csv and the report's timeline share. Device stamps (copy_start .. postprocessed) are
+# per batch; on CUDA they come from CUDA events mapped onto the host clock.
+STAMPS: tuple[str, ...] = (
     "capture",
     "decoded",
     "preprocessed",
     "queued",
     "batched",
+    "copy_start",
     "copy_done",
+    "compute_start",
     "inference_done",
     "postprocessed",
     "emitted",
 )
 
 
+@dataclass(frozen=True)
+class FrameTiming:
+    """When each stage handled one frame: one `<stamp>_ns` field per entry of `STAMPS`
+    (monotonic ns; 0 where a stage does not apply)."""
+
+    capture_ns: int
+    decoded_ns: int
+    preprocessed_ns: int
+    queued_ns: int
+    batched_ns: int
+    copy_start_ns: int
+    copy_done_ns: int
+    compute_start_ns: int
+    inference_done_ns: int
+    postprocessed_ns: int
+    emitted_ns: int
+
+    @property
+    def end_to_end_ms(self) -> float:
+        """Capture to emission."""
+        return (self.emitted_ns - self.capture_ns) / 1e6
+
+    def stamp(self, name: str) -> int:
+        """The time of stamp `name` (one of `STAMPS`)."""
+        value: int = getattr(self, f"{name}_ns")
+        return value
+
+
+assert tuple(f.name for f in fields(FrameTiming)) == tuple(f"{s}_ns" for s in STAMPS)
+
+
 @dataclass(frozen=True, eq=False)
 class FrameResult:
     """What the pipeline hands to sinks for one camera frame."""
 
-    camera: str
-    camera_index: int
-    frame_index: int
-    pts_s: float
+    meta: FrameMeta
     batch_index: int
     batch_size: int
     detections: Detections
     timing: FrameTiming
-    original_bgr: ImageU8 | None = field(default=None, repr=False)
+
+    @property
+    def camera(self) -> str:
+        return self.meta.camera
+
+    @property
+    def camera_index(self) -> int:
+        return self.meta.camera_index
+
+    @property
+    def frame_index(self) -> int:
+        return self.meta.frame_index
+
+    @property
+    def pts_s(self) -> float:
+        return self.meta.pts_s
+
+    @property
+    def original_bgr(self) -> ImageU8 | None:
+        return self.meta.original_bgr
 
 
 @dataclass(frozen=True)

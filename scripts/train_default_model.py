@@ -27,14 +27,13 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
-from drivepercept.config import PrepareSpec
 from drivepercept.eval import EvalThresholds, evaluate
 from drivepercept.models import tiny
 from drivepercept.sim.camera import CameraModel, default_rig_cameras
 from drivepercept.sim.render import Renderer
 from drivepercept.sim.world import generate_world
 from drivepercept.sources.prepare import prepare
-from drivepercept.types import Letterbox
+from drivepercept.types import InputSpec, Letterbox
 
 log = logging.getLogger("train")
 
@@ -61,7 +60,7 @@ def render_samples(
 ) -> list[Sample]:
     """Render every default camera at `instants` times per seed."""
     cams = [CameraModel.from_config(c) for c in default_rig_cameras(6, width=640, height=360)]
-    spec = PrepareSpec(size=tiny.INPUT_SIZE)
+    spec = InputSpec(size=tiny.INPUT_SIZE)
     samples = []
     for seed in seeds:
         world = generate_world(seed, duration_s=instants * spacing_s + 1.0)

@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from drivepercept.sources.readers import SourceInfo
-from drivepercept.types import ImageU8
+from drivepercept.sources.readers import RawFrame, ReaderStatus, SourceInfo
+from drivepercept.types import CameraState
 
 
 class FakeReader:
@@ -28,20 +28,26 @@ class FakeReader:
         self.pace_s = pace_s
         self.fail_at = fail_at
         self.index = 0
+        self.ended = False
         self.closed = threading.Event()
 
-    def read(self) -> tuple[ImageU8, float] | None:
+    def read(self) -> RawFrame | None:
         if self.index >= self.frames:
+            self.ended = True
             return None
         if self.fail_at is not None and self.index == self.fail_at:
             raise RuntimeError(f"camera broke at frame {self.index}")
+        started_ns = time.monotonic_ns()
         if self.pace_s:
             time.sleep(self.pace_s)
         w, h = self.info.width, self.info.height
         image = np.full((h, w, 3), self.index % 256, dtype=np.uint8)
         pts = self.index / self.info.fps
         self.index += 1
-        return image, pts
+        return RawFrame(image, pts, started_ns)
+
+    def status(self) -> ReaderStatus:
+        return ReaderStatus(CameraState.ENDED if self.ended else CameraState.STREAMING)
 
     def close(self) -> None:
         self.closed.set()

@@ -12,7 +12,7 @@ import pytest
 from drivepercept.batching import Batcher
 from drivepercept.buffers import StagingRing
 from drivepercept.queues import CameraQueues
-from drivepercept.types import Batch, DropPolicy, Frame, Letterbox
+from drivepercept.types import Batch, DropPolicy, Frame, FrameMeta, Letterbox
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -20,17 +20,8 @@ pytestmark = pytest.mark.timeout(30)
 def _frame(camera: int, index: int, value: int = 0) -> Frame:
     box = Letterbox((8, 8), (8, 8), 1.0, 1.0, 0.0, 0.0)
     now = time.monotonic_ns()
-    return Frame(
-        camera=f"c{camera}",
-        camera_index=camera,
-        frame_index=index,
-        pts_s=0.0,
-        capture_ns=now,
-        decoded_ns=now,
-        preprocessed_ns=now,
-        image=np.full((8, 8, 3), value, np.uint8),
-        letterbox=box,
-    )
+    meta = FrameMeta(f"c{camera}", camera, index, 0.0, now, now, now, box)
+    return Frame(meta, np.full((8, 8, 3), value, np.uint8))
 
 
 def test_block_policy_waits_and_drop_oldest_counts() -> None:

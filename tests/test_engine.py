@@ -333,7 +333,7 @@ def _queued_engine(
         slot = ring.acquire(timeout=1.0)
         assert slot is not None
         ring.arrays[slot][:batch_size] = k % 256
-        frames = tuple(FrameMeta(f"c{i}", i, k, k / 30, 0, 0, 0, 0, box) for i in range(batch_size))
+        frames = tuple(FrameMeta(f"c{i}", i, k, k / 30, 0, 0, 0, box) for i in range(batch_size))
         inbox.put(Batch(k, slot, frames, 0, complete=True))
     inbox.put(None)
     sink = Collect()

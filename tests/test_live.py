@@ -3,6 +3,7 @@ in which one camera dies while the others carry on."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -17,15 +18,9 @@ from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
 from drivepercept.models.oracle import make_oracle
 from drivepercept.pipeline import Pipeline
-from drivepercept.sources.live import (
-    CameraState,
-    LiveSource,
-    StateChange,
-    is_device,
-    is_stream,
-    totals,
-)
-from drivepercept.sources.readers import FrameReader, SourceError
+from drivepercept.sources.live import LiveSource, is_device, is_stream, totals
+from drivepercept.sources.readers import FrameReader, SourceError, StateChange
+from drivepercept.types import CameraState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -160,14 +155,16 @@ def test_realtime_file_is_paced_at_its_frame_rate(tmp_path: Path, stop: threadin
     clip = _video(tmp_path / "c.mp4", frames=10, fps=20.0)
     source = LiveSource(camera="c", source=str(clip), policy=FAST, stop=stop, realtime=True)
     t0 = time.monotonic()
-    arrivals = []
-    while source.read() is not None:
+    arrivals, due = [], []
+    while (got := source.read()) is not None:
         arrivals.append(time.monotonic() - t0)
+        due.append(got.arrived_ns)
     # 10 frames at 20 fps: the last falls due 0.45 s after the first
     assert len(arrivals) == 10
     assert 0.4 <= arrivals[-1] - arrivals[0] <= 0.6
     assert source.state == CameraState.ENDED
-    assert source.arrived_ns > 0
+    # each frame's capture time is when it fell due: 50 ms apart
+    assert all(45e6 <= b - a <= 55e6 for a, b in itertools.pairwise(due))
 
 
 def test_a_missing_file_is_an_error_at_once(tmp_path: Path, stop: threading.Event) -> None:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from drivepercept.cli import main
-from drivepercept.types import STAGES
+from drivepercept.types import STAMPS
 
 SAMPLE_RIG = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
 ORACLE = "drivepercept.models.oracle:make_oracle"
@@ -99,7 +99,7 @@ def test_replay_sample_rig_with_a_torchvision_model(tmp_path: Path) -> None:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 24
     for row in rows:
-        stamps = [int(row[f"{stage}_ns"]) for stage in STAGES]
+        stamps = [int(row[f"{stamp}_ns"]) for stamp in STAMPS]
         assert stamps == sorted(stamps)
     record = json.loads((run / "run.json").read_text())
     assert record["status"] == "complete"

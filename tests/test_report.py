@@ -23,7 +23,15 @@ from drivepercept.cli import main
 from drivepercept.report import build_trace, load_run, write_comparison, write_report
 from drivepercept.sinks import FrameTimingCsvSink, LoadCsvSink
 from drivepercept.telemetry import STAGE_SPANS
-from drivepercept.types import Detections, FrameResult, FrameTiming, GpuSample, LoadSample
+from drivepercept.types import (
+    Detections,
+    FrameMeta,
+    FrameResult,
+    FrameTiming,
+    GpuSample,
+    Letterbox,
+    LoadSample,
+)
 
 SAMPLE_RIG = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -57,11 +65,10 @@ def _frame(
         compute_start_ns=stamps[7],
     )
     names = ("left", "right")
+    box = Letterbox((64, 48), (64, 48), 1.0, 1.0, 0.0, 0.0)
+    meta = FrameMeta(names[cam], cam, frame, frame / 10, stamps[0], stamps[1], stamps[2], box)
     return FrameResult(
-        camera=names[cam],
-        camera_index=cam,
-        frame_index=frame,
-        pts_s=frame / 10,
+        meta=meta,
         batch_index=batch,
         batch_size=size,
         detections=Detections.empty(("car",)),

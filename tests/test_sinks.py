@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,15 @@ from drivepercept.sinks import (
     Sink,
     draw_detections,
 )
-from drivepercept.types import STAGES, Detections, FrameResult, FrameTiming, ImageU8
+from drivepercept.types import (
+    STAMPS,
+    Detections,
+    FrameMeta,
+    FrameResult,
+    FrameTiming,
+    ImageU8,
+    Letterbox,
+)
 
 CLASS_NAMES = ("person", "bicycle", "car")
 CAPTURE_NS = 5_000_000_000
@@ -51,20 +58,25 @@ def _result(
     latency_ns: int = 42_123_456,
 ) -> FrameResult:
     capture = CAPTURE_NS + frame_index * 66_666_667
-    # nine increasing stage times, ending at capture + latency
-    stages = [capture + latency_ns * k // 8 for k in range(9)]
-    copy_start, compute_start = stages[4] + 1, stages[5] + 1
-    return FrameResult(
+    # eleven increasing stamps, ending at capture + latency
+    stamps = [capture + latency_ns * k // 10 for k in range(11)]
+    meta = FrameMeta(
         camera=camera,
         camera_index=camera_index,
         frame_index=frame_index,
         pts_s=frame_index / 15.0,
+        capture_ns=stamps[0],
+        decoded_ns=stamps[1],
+        preprocessed_ns=stamps[2],
+        letterbox=Letterbox((640, 360), (640, 360), 1.0, 1.0, 0.0, 0.0),
+        queued_ns=stamps[3],
+    )
+    return FrameResult(
+        meta=meta,
         batch_index=frame_index,
         batch_size=2,
         detections=_detections(boxes, seed=frame_index * 10 + camera_index),
-        timing=dataclasses.replace(
-            FrameTiming(*stages), copy_start_ns=copy_start, compute_start_ns=compute_start
-        ),
+        timing=FrameTiming(*stamps),
     )
 
 
@@ -201,11 +213,7 @@ def test_frames_csv_has_header_and_values(tmp_path: Path) -> None:
         reader = csv.DictReader(f)
         rows = list(reader)
     assert tuple(reader.fieldnames or ()) == FRAMES_CSV_COLUMNS
-    assert FRAMES_CSV_COLUMNS[6:-2] == (
-        *(f"{stage}_ns" for stage in STAGES),
-        "copy_start_ns",
-        "compute_start_ns",
-    )
+    assert FRAMES_CSV_COLUMNS[6:-2] == tuple(f"{stamp}_ns" for stamp in STAMPS)
     assert len(rows) == 2
     for row, result in zip(rows, results, strict=True):
         timing = result.timing
@@ -215,8 +223,8 @@ def test_frames_csv_has_header_and_values(tmp_path: Path) -> None:
         assert float(row["pts_s"]) == result.pts_s
         assert int(row["batch_index"]) == result.batch_index
         assert int(row["batch_size"]) == result.batch_size
-        for stage in (*STAGES, "copy_start", "compute_start"):
-            assert int(row[f"{stage}_ns"]) == getattr(timing, f"{stage}_ns")
+        for stamp in STAMPS:
+            assert int(row[f"{stamp}_ns"]) == timing.stamp(stamp)
         expected_ms = (timing.emitted_ns - timing.capture_ns) / 1e6
         assert float(row["end_to_end_ms"]) == pytest.approx(expected_ms, abs=0.0005)
         assert int(row["detections"]) == len(result.detections)

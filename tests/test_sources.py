@@ -8,9 +8,9 @@ import cv2
 import numpy as np
 import pytest
 
-from drivepercept.config import PrepareSpec
 from drivepercept.sources.prepare import plan_letterbox, prepare
 from drivepercept.sources.readers import ImageFolderReader, SourceError, VideoReader
+from drivepercept.types import InputSpec
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,7 @@ def test_letterbox_puts_pixels_where_its_geometry_says(
     x0, y0, x1, y1 = rect.astype(int)
     image[y0:y1, x0:x1] = (0, 0, 255)  # red in BGR
     # when it is prepared for the model
-    out, box = prepare(image, PrepareSpec(size=size, pad_value=0))
+    out, box = prepare(image, InputSpec(size=size, pad_value=0))
     # then it is RGB at the model size, and the rectangle sits where to_input maps it
     assert out.shape == (size[1], size[0], 3)
     red = out[..., 0] > 127
@@ -47,7 +47,7 @@ def test_letterbox_puts_pixels_where_its_geometry_says(
 
 
 def test_stretch_mode_has_no_padding() -> None:
-    box = plan_letterbox((640, 360), PrepareSpec(size=(320, 320), letterbox=False))
+    box = plan_letterbox((640, 360), InputSpec(size=(320, 320), letterbox=False))
     assert (box.pad_x, box.pad_y) == (0.0, 0.0)
     assert (box.scale_x, box.scale_y) == (0.5, 320 / 360)
 
@@ -73,6 +73,6 @@ def test_image_folder_reads_in_name_order_and_skips_broken_files(tmp_path: Path)
     reader = ImageFolderReader(tmp_path, fps=5.0)
     got = []
     while (item := reader.read()) is not None:
-        got.append((int(item[0][0, 0, 0]), item[1]))
+        got.append((int(item.image_bgr[0, 0, 0]), item.pts_s))
     assert got == [(0, 0.0), (1, 0.2), (2, 0.4)]
     assert reader.info.width == 10 and reader.info.height == 8

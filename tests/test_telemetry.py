@@ -16,7 +16,6 @@ import torch
 
 from drivepercept.telemetry import (
     STAGE_SPANS,
-    STAMPS,
     GpuRef,
     LatencyHistogram,
     LoadSampler,
@@ -32,6 +31,7 @@ from drivepercept.telemetry import (
     throttle_names,
     windowed_rate,
 )
+from drivepercept.types import STAMPS
 
 pytestmark = pytest.mark.timeout(60)
 

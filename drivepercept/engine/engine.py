@@ -397,26 +397,14 @@ class InferenceEngine:
                 preprocessed_ns=meta.preprocessed_ns,
                 queued_ns=meta.queued_ns,
                 batched_ns=batch.batched_ns,
+                copy_start_ns=staged.submit_ns,
                 copy_done_ns=copy_done,
+                compute_start_ns=times["compute_start"],
                 inference_done_ns=times["inference_done"],
                 postprocessed_ns=times["postprocessed"],
                 emitted_ns=emitted,
-                copy_start_ns=staged.submit_ns,
-                compute_start_ns=times["compute_start"],
             )
-            results.append(
-                FrameResult(
-                    camera=meta.camera,
-                    camera_index=meta.camera_index,
-                    frame_index=meta.frame_index,
-                    pts_s=meta.pts_s,
-                    batch_index=batch.batch_index,
-                    batch_size=batch.size,
-                    detections=detections,
-                    timing=timing,
-                    original_bgr=meta.original_bgr,
-                )
-            )
+            results.append(FrameResult(meta, batch.batch_index, batch.size, detections, timing))
         self.emit(results)
         self.batches_done += 1
         self.frames_done += len(results)

@@ -20,36 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from drivepercept.errors import DrivePerceptError
+from drivepercept.errors import ModelError
+from drivepercept.types import InputSpec
 
-
-class ModelError(DrivePerceptError):
-    """A model cannot be built or its weights cannot be loaded."""
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """The input a detector wants.
-
-    Attributes:
-        size: (width, height) of the input in pixels.
-        mean, std: per-channel RGB normalisation of pixels scaled to [0, 1].
-        letterbox: keep the aspect ratio and pad (True) or stretch to the size (False).
-        pad_value: uint8 value of the padding.
-    """
-
-    size: tuple[int, int]
-    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    letterbox: bool = True
-    pad_value: int = 114
-
-    def __post_init__(self) -> None:
-        w, h = self.size
-        if not (16 <= w <= 8192 and 16 <= h <= 8192):
-            raise ModelError(f"model input size must be 16..8192 pixels a side, got {w}x{h}")
-        if any(s <= 0 for s in self.std):
-            raise ModelError(f"model input std must be positive, got {self.std}")
+__all__ = ["Detector", "InputSpec", "ModelError"]
 
 
 @dataclass(frozen=True, eq=False)

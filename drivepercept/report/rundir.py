@@ -19,7 +19,8 @@ import numpy as np
 
 from drivepercept.errors import DrivePerceptError
 from drivepercept.telemetry.stats import FloatArray, IntArray
-from drivepercept.telemetry.timeline import STAMPS, Timeline, fill_missing_stamps
+from drivepercept.telemetry.timeline import Timeline, fill_missing_stamps
+from drivepercept.types import STAMPS
 
 RUN_JSON = "run.json"
 FRAMES_CSV = "frames.csv"

@@ -1,32 +1,28 @@
 """Per-frame stage timestamps as CSV (`frames.csv`), the raw material of latency reports.
 
-Columns: camera, camera_index, frame_index, pts_s, batch_index, batch_size, one `<stage>_ns`
-column per entry of `drivepercept.types.STAGES` (monotonic ns, 0 where a stage does not apply),
-copy_start_ns and compute_start_ns (when the batch's upload and its computation began: the
-device spans' starts), end_to_end_ms (capture to emission, 3 decimals) and detections (the
-number of boxes).
+Columns: camera, camera_index, frame_index, pts_s, batch_index, batch_size, one `<stamp>_ns`
+column per entry of `drivepercept.types.STAMPS`, in that order (monotonic ns, 0 where a stage
+does not apply), end_to_end_ms (capture to emission, 3 decimals) and detections (the number
+of boxes). Readers go by the header's names, so files with the older column order (device
+span starts last) still read.
 Rows end with "\\n"; fields are quoted by the csv module where needed.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import logging
 from pathlib import Path
 
 from drivepercept.sinks._lines import LineFile
 from drivepercept.sinks.base import ClosingSink
-from drivepercept.types import STAGES, FrameResult, FrameTiming
+from drivepercept.types import STAMPS, FrameResult
 
 log = logging.getLogger(__name__)
 
 FRAMES_CSV = "frames.csv"
 
-_STAGE_COLUMNS = (*(f"{stage}_ns" for stage in STAGES), "copy_start_ns", "compute_start_ns")
-assert set(_STAGE_COLUMNS) <= {f.name for f in dataclasses.fields(FrameTiming)}, (
-    "every entry of STAGES names a FrameTiming field"
-)
+_STAMP_COLUMNS = tuple(f"{stamp}_ns" for stamp in STAMPS)
 
 FRAMES_CSV_COLUMNS: tuple[str, ...] = (
     "camera",
@@ -35,7 +31,7 @@ FRAMES_CSV_COLUMNS: tuple[str, ...] = (
     "pts_s",
     "batch_index",
     "batch_size",
-    *_STAGE_COLUMNS,
+    *_STAMP_COLUMNS,
     "end_to_end_ms",
     "detections",
 )
@@ -51,7 +47,7 @@ def timing_row(result: FrameResult) -> list[str | int | float]:
         result.pts_s,
         result.batch_index,
         result.batch_size,
-        *(getattr(timing, column) for column in _STAGE_COLUMNS),
+        *(timing.stamp(stamp) for stamp in STAMPS),
         round(timing.end_to_end_ms, 3),
         len(result.detections),
     ]

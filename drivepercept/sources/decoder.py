@@ -1,10 +1,9 @@
 """The per-camera decoder thread: read, stamp, prepare, queue.
 
-One named thread (`decode-<camera>`) per camera. It reads a frame, stamps it with the
-monotonic time the read started (the pipeline's capture time; for a live source, the time the
-frame arrived, since its read waits for the camera), its index and presentation time,
-letterboxes it for the model on the CPU while the device works on earlier batches, and
-puts it into its camera's bounded queue under the queue's drop policy.
+One named thread (`decode-<camera>`) per camera. It reads a frame (whose capture time its
+reader knows: when a file's read began, when a live frame arrived), stamps it with its index
+and presentation time, letterboxes it for the model on the CPU while the device works on
+earlier batches, and puts it into its camera's bounded queue under the queue's drop policy.
 """
 
 from __future__ import annotations
@@ -14,12 +13,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from drivepercept.config import PrepareSpec
 from drivepercept.queues import CameraQueues
-from drivepercept.sources.live import LiveSource
 from drivepercept.sources.prepare import prepare
 from drivepercept.sources.readers import FrameReader
-from drivepercept.types import Frame
+from drivepercept.types import Frame, FrameMeta, InputSpec
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +31,7 @@ class DecoderThread:
         camera: str,
         camera_index: int,
         reader: FrameReader,
-        spec: PrepareSpec,
+        spec: InputSpec,
         queues: CameraQueues,
         stop: threading.Event,
         max_frames: int = 0,
@@ -63,7 +60,6 @@ class DecoderThread:
             while not self.stop.is_set():
                 if self.max_frames and self.frames_read >= self.max_frames:
                     break
-                capture_ns = time.monotonic_ns()
                 got = self.reader.read()
                 if got is None:
                     expected = self.reader.info.frame_count
@@ -80,22 +76,19 @@ class DecoderThread:
                         )
                     break
                 decoded_ns = time.monotonic_ns()
-                if isinstance(self.reader, LiveSource):
-                    # a live read waits for the frame: it was captured when it arrived
-                    capture_ns = min(self.reader.arrived_ns, decoded_ns)
-                image, box = prepare(got[0], self.spec)
-                frame = Frame(
+                image, box = prepare(got.image_bgr, self.spec)
+                meta = FrameMeta(
                     camera=self.camera,
                     camera_index=self.camera_index,
                     frame_index=self.frames_read,
-                    pts_s=got[1],
-                    capture_ns=capture_ns,
+                    pts_s=got.pts_s,
+                    capture_ns=min(got.arrived_ns, decoded_ns),
                     decoded_ns=decoded_ns,
                     preprocessed_ns=time.monotonic_ns(),
-                    image=image,
                     letterbox=box,
-                    original_bgr=got[0] if self.keep_original else None,
+                    original_bgr=got.image_bgr if self.keep_original else None,
                 )
+                frame = Frame(meta, image)
                 if not self.queues.put(self.camera_index, frame, stop=self.stop):
                     break
                 self.frames_read += 1

@@ -17,7 +17,6 @@ its native frame rate.
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -29,28 +28,21 @@ import cv2
 import numpy as np
 
 from drivepercept.config import ReconnectPolicy
-from drivepercept.sources.readers import FrameReader, SourceError, SourceInfo, open_reader
-from drivepercept.types import ImageU8
+from drivepercept.sources.readers import (
+    FrameReader,
+    RawFrame,
+    ReaderStatus,
+    SourceError,
+    SourceInfo,
+    StateChange,
+    open_reader,
+)
+from drivepercept.types import CameraState, ImageU8
 
 log = logging.getLogger(__name__)
 
 MAX_CHANGES = 1000  # state changes kept per camera (totals are kept apart, unbounded)
 STREAM_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://", "rtmp://")
-
-
-class CameraState(enum.Enum):
-    CONNECTING = "connecting"
-    STREAMING = "streaming"
-    RECONNECTING = "reconnecting"
-    FAILED = "failed"
-    ENDED = "ended"
-
-
-@dataclass(frozen=True)
-class StateChange:
-    t_ns: int  # time.monotonic_ns(), the frames' clock
-    state: CameraState
-    detail: str = ""
 
 
 def is_stream(source: str) -> bool:
@@ -88,14 +80,19 @@ class CaptureReader:
             fps if 0 < fps < 1000 else 0.0,
             -1,
         )
-        self._t0 = time.monotonic()
+        self._t0 = time.monotonic_ns() / 1e9
 
-    def read(self) -> tuple[ImageU8, float] | None:
+    def read(self) -> RawFrame | None:
         ok, raw = self._cap.read()
         if not ok or raw is None:
             return None
+        # a live read waits for the camera: the frame was captured when it arrived
+        arrived_ns = time.monotonic_ns()
         image: ImageU8 = np.asarray(raw, dtype=np.uint8)
-        return image, time.monotonic() - self._t0  # a live frame's time is when it arrived
+        return RawFrame(image, arrived_ns / 1e9 - self._t0, arrived_ns)
+
+    def status(self) -> ReaderStatus:
+        return ReaderStatus(CameraState.STREAMING, live=True)
 
     def close(self) -> None:
         self._cap.release()
@@ -147,9 +144,6 @@ class LiveSource:
         self._reader: FrameReader | None = None
         self._pace_origin: int | None = None
         self.info = SourceInfo(0, 0, 0.0, -1)
-        # when the last frame arrived (a stream) or fell due (a paced file): its capture time,
-        # not the start of a read() that waited for it
-        self.arrived_ns = 0
         self.connects = 0
         self.failed_attempts = 0  # opens that failed, and connections that gave no frame
         self._failures = 0  # the same, since the last frame: drives backoff and giving up
@@ -211,6 +205,19 @@ class LiveSource:
         """Time not streaming from the first change to now (or to `ended`)."""
         return self.totals_s(now_ns)[0]
 
+    def status(self) -> ReaderStatus:
+        down, outage, streaming = self.totals_s()
+        return ReaderStatus(
+            state=self.state,
+            live=True,
+            connects=self.connects,
+            failed_attempts=self.failed_attempts,
+            downtime_s=down,
+            outage_s=outage,
+            streaming_s=streaming,
+            changes=tuple(self.changes()),
+        )
+
     # ------------------------------------------------------------------ reading
 
     def _attach(self, reader: FrameReader) -> None:
@@ -262,7 +269,7 @@ class LiveSource:
             return None
         return due
 
-    def read(self) -> tuple[ImageU8, float] | None:
+    def read(self) -> RawFrame | None:
         while not self.stop.is_set():
             if self._reader is None:
                 if not self.live or not self._connect():
@@ -271,13 +278,11 @@ class LiveSource:
             got = self._reader.read()
             if got is not None:
                 if self.realtime and not self.live:
-                    due_ns = self._pace(got[1])
+                    due_ns = self._pace(got.pts_s)
                     if due_ns is None:
                         return None
                     # a late frame keeps its due time: falling behind shows as latency
-                    self.arrived_ns = due_ns
-                else:
-                    self.arrived_ns = time.monotonic_ns()
+                    got = replace(got, arrived_ns=due_ns)
                 self._delivered = True
                 self._failures = 0
                 return got

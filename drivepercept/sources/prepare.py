@@ -5,11 +5,10 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from drivepercept.config import PrepareSpec
-from drivepercept.types import ImageU8, Letterbox
+from drivepercept.types import ImageU8, InputSpec, Letterbox
 
 
-def plan_letterbox(src_size: tuple[int, int], spec: PrepareSpec) -> Letterbox:
+def plan_letterbox(src_size: tuple[int, int], spec: InputSpec) -> Letterbox:
     """Where a frame of `src_size` lands in the model input (pure geometry)."""
     sw, sh = src_size
     dw, dh = spec.size
@@ -22,7 +21,7 @@ def plan_letterbox(src_size: tuple[int, int], spec: PrepareSpec) -> Letterbox:
     )
 
 
-def prepare(image_bgr: ImageU8, spec: PrepareSpec) -> tuple[ImageU8, Letterbox]:
+def prepare(image_bgr: ImageU8, spec: InputSpec) -> tuple[ImageU8, Letterbox]:
     """Resize/letterbox a BGR frame to `spec.size` and return it as RGB with its geometry."""
     h, w = image_bgr.shape[:2]
     box = plan_letterbox((w, h), spec)

@@ -1,14 +1,17 @@
 """Frame readers: a video file or stream (OpenCV/FFmpeg) and a folder of images.
 
-A reader is opened on the thread that uses it. `read()` returns the next BGR frame and its
-presentation time, or None at the end. OpenCV releases the GIL while it decodes, so several
-readers on several threads decode in parallel.
+A reader is opened on the thread that uses it. `read()` returns the next frame (`RawFrame`:
+BGR pixels, presentation time, and when it arrived: the frame's capture time), or None at
+the end; `status()` says where the reader is (`ReaderStatus`), from any thread. OpenCV
+releases the GIL while it decodes, so several readers on several threads decode in parallel.
+Every reader type keeps its own state: nothing outside `sources/` asks which type it has.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -16,7 +19,7 @@ import cv2
 import numpy as np
 
 from drivepercept.errors import DrivePerceptError
-from drivepercept.types import ImageU8
+from drivepercept.types import CameraState, ImageU8
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +41,71 @@ class SourceInfo:
     frame_count: int  # -1 when unknown (streams)
 
 
+@dataclass(frozen=True, eq=False)
+class RawFrame:
+    """A frame as read: BGR pixels, presentation time, and its capture time on the monotonic
+    clock (a file: when its read began; a live camera: when it arrived; a paced file: when it
+    fell due)."""
+
+    image_bgr: ImageU8 = field(repr=False)
+    pts_s: float
+    arrived_ns: int
+
+
+@dataclass(frozen=True)
+class StateChange:
+    t_ns: int  # time.monotonic_ns(), the frames' clock
+    state: CameraState
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ReaderStatus:
+    """Where a reader is, and (live cameras) how its connection went.
+
+    Attributes:
+        state: its camera's state now.
+        live: a device or stream (reconnects), not a file.
+        connects: connections made (1 for a file).
+        failed_attempts: opens that failed, and connections that gave no frame.
+        downtime_s: time not streaming before it ended.
+        outage_s: down time after it first streamed.
+        streaming_s: time streaming.
+        changes: the kept state changes, oldest first.
+    """
+
+    state: CameraState
+    live: bool = False
+    connects: int = 1
+    failed_attempts: int = 0
+    downtime_s: float = 0.0
+    outage_s: float = 0.0
+    streaming_s: float = 0.0
+    changes: tuple[StateChange, ...] = ()
+
+
 class FrameReader(Protocol):
     """Reads frames from one source."""
 
     info: SourceInfo
 
-    def read(self) -> tuple[ImageU8, float] | None:
-        """Next frame (BGR, uint8) and its presentation time in seconds; None at the end."""
+    def read(self) -> RawFrame | None:
+        """The next frame; None at the end."""
+
+    def status(self) -> ReaderStatus:
+        """Where the reader is now (any thread)."""
 
     def close(self) -> None: ...
+
+
+class _FileState:
+    """streaming until the end is read, then ended: a file's whole life."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def status(self) -> ReaderStatus:
+        return ReaderStatus(CameraState.ENDED if self.ended else CameraState.STREAMING)
 
 
 class VideoReader:
@@ -82,16 +141,22 @@ class VideoReader:
             count if count > 0 else -1,
         )
         self._index = 0
+        self._state = _FileState()
 
-    def read(self) -> tuple[ImageU8, float] | None:
+    def read(self) -> RawFrame | None:
+        started_ns = time.monotonic_ns()
         ok, raw = self._cap.read()
         if not ok or raw is None:
+            self._state.ended = True
             return None
         image: ImageU8 = np.asarray(raw, dtype=np.uint8)
         pos_ms = self._cap.get(cv2.CAP_PROP_POS_MSEC)
         pts = pos_ms / 1000.0 if pos_ms > 0 or self._index == 0 else self._index / self.info.fps
         self._index += 1
-        return image, pts
+        return RawFrame(image, pts, started_ns)
+
+    def status(self) -> ReaderStatus:
+        return self._state.status()
 
     def close(self) -> None:
         self._cap.release()
@@ -114,9 +179,11 @@ class ImageFolderReader:
             first.shape[1], first.shape[0], fps or DEFAULT_FOLDER_FPS, len(self._files)
         )
         self._index = 0
+        self._state = _FileState()
 
-    def read(self) -> tuple[ImageU8, float] | None:
+    def read(self) -> RawFrame | None:
         while self._index < len(self._files):
+            started_ns = time.monotonic_ns()
             path = self._files[self._index]
             self._index += 1
             raw = cv2.imread(str(path), cv2.IMREAD_COLOR)
@@ -124,8 +191,12 @@ class ImageFolderReader:
                 log.warning("skipping undecodable image %s", path)
                 continue
             image: ImageU8 = np.asarray(raw, dtype=np.uint8)
-            return image, (self._index - 1) / self.info.fps
+            return RawFrame(image, (self._index - 1) / self.info.fps, started_ns)
+        self._state.ended = True
         return None
+
+    def status(self) -> ReaderStatus:
+        return self._state.status()
 
     def close(self) -> None:
         self._files = []

@@ -31,7 +31,6 @@ from drivepercept.telemetry.stats import (
 )
 from drivepercept.telemetry.timeline import (
     STAGE_SPANS,
-    STAMPS,
     Span,
     Timeline,
     fill_missing_stamps,
@@ -40,7 +39,6 @@ from drivepercept.telemetry.timeline import (
 __all__ = [
     "DEFAULT_RATE_HZ",
     "STAGE_SPANS",
-    "STAMPS",
     "BatchFill",
     "DeadlineMisses",
     "GpuInfo",

@@ -16,23 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from drivepercept.telemetry.stats import FloatArray, IntArray, span_ms
-from drivepercept.types import STAGES
-
-# Every timestamp column, in the order a frame meets them (device span starts included).
-STAMPS: tuple[str, ...] = (
-    "capture",
-    "decoded",
-    "preprocessed",
-    "queued",
-    "batched",
-    "copy_start",
-    "copy_done",
-    "compute_start",
-    "inference_done",
-    "postprocessed",
-    "emitted",
-)
-assert set(STAGES) <= set(STAMPS)
+from drivepercept.types import STAMPS
 
 
 @dataclass(frozen=True)
