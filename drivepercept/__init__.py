@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from drivepercept.config import CameraConfig, RigConfig, load_rig, write_rig
 from drivepercept.errors import ConfigError, DrivePerceptError, OutputError
+from drivepercept.rig import CameraConfig, RigConfig, load_rig, write_rig
 
 __version__ = "0.1.0"
 

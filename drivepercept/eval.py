@@ -298,12 +298,6 @@ def _mean_valid(values: np.ndarray[Any, Any]) -> float:
     return float(valid.mean()) if valid.size else 0.0
 
 
-def read_detections(path: str | Path) -> list[dict[str, Any]]:
-    """The lines of a run's detections.jsonl."""
-    with Path(path).open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def clip_paths(clip: str | Path, ground_truth: str | Path | None = None) -> tuple[Path, Path]:
     """(rig.toml, ground_truth.json) of a clip given as its folder or its rig file."""
     clip = Path(clip)
@@ -312,11 +306,3 @@ def clip_paths(clip: str | Path, ground_truth: str | Path | None = None) -> tupl
         raise ConfigError(f"no rig file at {rig}: give a clip folder or its rig.toml")
     gt = Path(ground_truth) if ground_truth is not None else rig.parent / GROUND_TRUTH_FILE
     return rig, gt
-
-
-def write_report(report: EvalReport, path: Path, *, extra: Mapping[str, Any]) -> None:
-    """eval.json: the report plus what was evaluated (model, clip, run)."""
-    data = {**report.to_json(), **extra}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)

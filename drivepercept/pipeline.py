@@ -17,120 +17,42 @@ import queue
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import cv2
-import torch
 
 from drivepercept.batching import Batcher
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
-from drivepercept.engine.engine import InferenceEngine, WarmupRun
+from drivepercept.engine.engine import InferenceEngine
 from drivepercept.errors import DrivePerceptError, one_line
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
-from drivepercept.sinks.base import ImageSink, LoadSink, Sink
+from drivepercept.sinks.base import LoadSink, Sink
+from drivepercept.sinks.fanout import OnFailure, SinkPolicy, SinkSet
 from drivepercept.sources.decoder import DecoderThread
 from drivepercept.sources.readers import FrameReader
-from drivepercept.telemetry.sampler import GpuRef, LoadSampler
-from drivepercept.telemetry.stats import LatencyHistogram, recent_window
-from drivepercept.types import Batch, DropPolicy, FrameResult, LoadSample
+from drivepercept.telemetry.counters import CameraStats, RunCounters, RunStats
+from drivepercept.telemetry.sampler import LoadSampler, gpu_refs
+from drivepercept.types import (
+    Batch,
+    CameraSnapshot,
+    CameraState,
+    DropPolicy,
+    FrameResult,
+    LoadSample,
+)
 
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 2.0
-DRAIN_TIMEOUT_S = 1.0
-_STOP_SIGNALS = {
-    signal.SIGINT,
-    signal.SIGTERM,
-}  # after capture stops, how long in-flight frames may take to finish
-RECENT_FRAMES = 512  # per camera, for the live view (fps and p95 over the last second)
+DRAIN_TIMEOUT_S = 1.0  # after capture stops, how long in-flight frames may take to finish
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 class PipelineError(DrivePerceptError):
     """A pipeline thread failed; the original exception is the __cause__."""
-
-
-@dataclass(frozen=True)
-class CameraStats:
-    """Per-camera outcome of a run."""
-
-    name: str
-    frames: int
-    dropped: int
-    fps: float  # frames over the camera's own span, first capture to last emission
-    latency_ms: dict[str, float]  # p50 / p95 / p99 (within 1 %) / max end-to-end
-    short_by: int = 0  # frames its container announced that could not be decoded
-    discarded: int = 0  # read, neither emitted nor dropped: still in flight at a hard stop
-
-
-@dataclass(frozen=True)
-class RunStats:
-    """Outcome of a run: what was processed, how fast, and how it ended."""
-
-    cameras: tuple[CameraStats, ...]
-    elapsed_s: float
-    frames: int
-    batches: int
-    partial_batches: int
-    interrupted: bool
-    threads_not_stopped: tuple[str, ...]
-    device: str
-    mean_batch_size: float
-    queue_high_water: tuple[int, ...] = field(default=())
-    warmup: tuple[WarmupRun, ...] = ()  # the engine's warm-up batches (not in the figures)
-    in_flight_high_water: int = 0  # most batches launched on the device and not yet finished
-
-    @property
-    def throughput_fps(self) -> float:
-        return self.frames / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class LiveView:
-    """The last `window_s` of a running pipeline, for a once-a-second status line."""
-
-    window_s: float
-    fps: tuple[float, ...]  # per camera
-    p95_ms: tuple[float, ...]  # per camera (NaN with no frame in the window)
-    load: LoadSample | None  # the newest load sample (None without a sampler)
-
-
-def gpu_refs(device: torch.device) -> tuple[GpuRef, ...]:
-    """The GPU a device runs on, by PCI address, for NVML (none for the CPU)."""
-    if device.type != "cuda":
-        return ()
-    index = device.index or 0
-    props: Any = torch.cuda.get_device_properties(index)  # pci_* are missing from its stubs
-    try:
-        return (
-            GpuRef(
-                cuda_index=index,
-                pci_domain=int(props.pci_domain_id),
-                pci_bus=int(props.pci_bus_id),
-                pci_device=int(props.pci_device_id),
-            ),
-        )
-    except AttributeError:  # an older torch: no PCI address, so no safe match with NVML
-        log.warning("this torch does not report the GPU's PCI address: no GPU metrics")
-        return ()
-
-
-def histogram_percentiles_ms(h: LatencyHistogram) -> dict[str, float]:
-    """p50 / p95 / p99 (within 1 %) / max of a latency histogram (NaN with no frame)."""
-    if h.count == 0:
-        nan = float("nan")
-        return {"p50": nan, "p95": nan, "p99": nan, "max": nan}
-    return {
-        "p50": h.percentile(50),
-        "p95": h.percentile(95),
-        "p99": h.percentile(99),
-        "max": h.max_ms,
-    }
 
 
 class Pipeline:
@@ -140,7 +62,8 @@ class Pipeline:
         cameras: (name, reader) per camera, in batch order.
         detector: the model.
         config: pipeline knobs.
-        sinks: result writers, called in order on the completion thread.
+        sinks: the result writers: a `SinkSet` with each sink's policy, or plain sinks (then
+            each runs on the completion thread and its failure stops the run).
         keep_original: carry each frame's original pixels to the sinks (annotated video).
         load_sinks: load-sample writers, called on the `gpu-monitor` thread.
         capture_stop: the event that stops capture (shared with live sources, whose reconnect
@@ -153,7 +76,7 @@ class Pipeline:
         cameras: Sequence[tuple[str, FrameReader]],
         detector: Detector,
         config: PipelineConfig,
-        sinks: Sequence[Sink] = (),
+        sinks: SinkSet | Sequence[Sink] = (),
         keep_original: bool = False,
         load_sinks: Sequence[LoadSink] = (),
         capture_stop: threading.Event | None = None,
@@ -163,7 +86,12 @@ class Pipeline:
         self.config = config
         self.detector = detector
         self.device = resolve_device(config.device)
-        self.sinks = tuple(sinks)
+        self.sinks = (
+            sinks
+            if isinstance(sinks, SinkSet)
+            else SinkSet.of(sinks, SinkPolicy(on_failure=OnFailure.STOP))
+        )
+        self.sinks.on_stop = self._fail
         self.names = tuple(name for name, _ in cameras)
         self.stop_event = threading.Event()  # everything stops now
         # capture stops, what is in flight drains (duration reached, Ctrl-C, SIGTERM)
@@ -216,7 +144,7 @@ class Pipeline:
             max_batch=len(cameras),
             on_error=self._fail,
         )
-        self.load_sinks = tuple(load_sinks)
+        self.load_sinks = list(load_sinks)
         self.sampler = (
             LoadSampler(
                 rate_hz=config.sample_hz,
@@ -228,17 +156,7 @@ class Pipeline:
             if config.sample_hz > 0
             else None
         )
-        self._recent: list[deque[tuple[int, float]]] = [
-            deque(maxlen=RECENT_FRAMES) for _ in cameras
-        ]
-        self._frames = [0] * len(cameras)
-        # bounded: a live run may go on for hours (exact figures come from frames.csv)
-        self._latency = [LatencyHistogram() for _ in cameras]
-        self._batches_emitted = 0  # counters, not lists: a live run may go on for hours
-        self._first_capture_ns: list[int | None] = [None] * len(cameras)
-        self._last_emit_ns = [0] * len(cameras)
-        self._sink_lock = threading.Lock()
-        self._sinks_closed = False
+        self.counters = RunCounters(self.names)
         self._started = False
 
     # ------------------------------------------------------------------ wiring
@@ -253,6 +171,12 @@ class Pipeline:
             *sampler,
         )
 
+    def add_load_sink(self, sink: LoadSink) -> None:
+        """Add a load-sample writer (before `start`); result writers go to `sinks.add`."""
+        if self._started:
+            raise RuntimeError("load sinks are added before the pipeline starts")
+        self.load_sinks.append(sink)
+
     def _on_load_sample(self, sample: LoadSample) -> None:
         for sink in self.load_sinks:
             sink.write(sample)
@@ -265,32 +189,11 @@ class Pipeline:
         self.stop_event.set()
 
     def _emit(self, results: list[FrameResult]) -> None:
-        """Completion thread: hand results to the sinks, then count and time them.
-
-        Sinks are written and closed under one lock: a completion thread that overran the
-        join budget must not write into a closed file; its late results are dropped, and not
-        counted, so the counts always match the files.
-        """
-        with self._sink_lock:
-            if self._sinks_closed:
-                return
-            for r in results:
-                for sink in self.sinks:
-                    if r.original_bgr is not None and isinstance(sink, ImageSink):
-                        sink.write_with_image(r, r.original_bgr)
-                    else:
-                        sink.write(r)
-        with self._lock:
-            self._batches_emitted += 1
-            for r in results:
-                i = r.camera_index
-                self._frames[i] += 1
-                self._latency[i].add(r.timing.end_to_end_ms)
-                self._recent[i].append((r.timing.emitted_ns, r.timing.end_to_end_ms))
-                first = self._first_capture_ns[i]
-                if first is None or r.timing.capture_ns < first:
-                    self._first_capture_ns[i] = r.timing.capture_ns
-                self._last_emit_ns[i] = max(self._last_emit_ns[i], r.timing.emitted_ns)
+        """Completion thread: the sinks, then the counters. A batch that comes after the
+        sinks began closing (a completion thread that overran the join budget) is neither
+        written nor counted, so the counts always match the files."""
+        if self.sinks.dispatch(results):
+            self.counters.add(results)
 
     def start(self) -> None:
         if self._started:
@@ -301,6 +204,7 @@ class Pipeline:
         cv2.setNumThreads(1)
         if self.sampler is not None:
             self.sampler.start()
+        self.sinks.start()
         self.engine.start()
         # Capture starts once the engine is warm: a frame read earlier would wait out the
         # warm-up in its queue (replay) or be dropped (live), and either way its latency
@@ -322,21 +226,37 @@ class Pipeline:
     # ------------------------------------------------------------------ running
 
     def frames_done(self) -> list[int]:
-        with self._lock:
-            return list(self._frames)
+        return self.counters.frames()
 
-    def live_view(self, window_s: float = 1.0) -> LiveView:
-        """Per-camera fps and p95 latency over the last `window_s`, and the newest load."""
-        now_ns = time.monotonic_ns()
-        with self._lock:
-            recent = [list(r) for r in self._recent]
-        windows = [recent_window(r, now_ns=now_ns, window_s=window_s) for r in recent]
-        return LiveView(
-            window_s=window_s,
-            fps=tuple(w[0] for w in windows),
-            p95_ms=tuple(w[1] for w in windows),
-            load=self.sampler.latest if self.sampler is not None else None,
-        )
+    def cameras(self, window_s: float = 1.0) -> tuple[CameraSnapshot, ...]:
+        """Every camera now: what the status line, /metrics, run.json and `stats` read."""
+        figures = self.counters.cameras(window_s)
+        dropped = self.queues.dropped()
+        out = []
+        for i, d in enumerate(self.decoders):
+            reader = d.reader.status()
+            state = reader.state
+            if state is CameraState.STREAMING and d.thread.ident and not d.thread.is_alive():
+                state = CameraState.ENDED  # stopped reading (max_frames, a stop)
+            out.append(
+                CameraSnapshot(
+                    name=d.camera,
+                    state=state,
+                    frames=figures[i].frames,
+                    dropped=dropped[i],
+                    fps=figures[i].recent_fps,
+                    p95_ms=figures[i].recent_p95_ms,
+                    read=d.frames_read,
+                    short_by=d.short_by,
+                    discarded=max(0, d.frames_read - figures[i].frames - dropped[i]),
+                    reader=reader,
+                )
+            )
+        return tuple(out)
+
+    def latest_load(self) -> LoadSample | None:
+        """The newest load sample (None without a sampler, or before the first)."""
+        return self.sampler.latest if self.sampler is not None else None
 
     def run(
         self,
@@ -419,10 +339,6 @@ class Pipeline:
         return tuple(not_stopped)
 
     def _close_sinks(self) -> None:
-        with self._sink_lock:
-            if self._sinks_closed:
-                return
-            self._sinks_closed = True
         if self.sampler is not None:
             self.sampler.close()
         # A second Ctrl-C (or SIGTERM) while files are being finished would leave the later
@@ -432,8 +348,8 @@ class Pipeline:
         )
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS) if hold else None
         try:
-            closing: tuple[Sink | LoadSink, ...] = (*self.sinks, *self.load_sinks)
-            for sink in closing:
+            self._errors.extend(self.sinks.close())
+            for sink in self.load_sinks:
                 try:
                     sink.close()
                 except Exception as exc:  # one sink failing to close must not lose the others
@@ -471,40 +387,33 @@ class Pipeline:
         not_stopped: tuple[str, ...] = (),
     ) -> RunStats:
         """Statistics of what has been emitted so far."""
-        with self._lock:
-            frames = list(self._frames)
-            lat = [histogram_percentiles_ms(h) for h in self._latency]
-            batches = self._batches_emitted
-            spans = [
-                (last - first) / 1e9 if first is not None else 0.0
-                for first, last in zip(self._first_capture_ns, self._last_emit_ns, strict=True)
-            ]
-            firsts = [f for f in self._first_capture_ns if f is not None]
-            run_span_s = (max(self._last_emit_ns) - min(firsts)) / 1e9 if firsts else 0.0
-        dropped = self.queues.dropped()
-        run_span_s = run_span_s if run_span_s > 0 else elapsed_s
+        figures = self.counters.cameras()
+        snapshots = self.cameras()
+        frames = sum(f.frames for f in figures)
+        batches = self.counters.batches
+        span_s = self.counters.span_s()
         cams = tuple(
             CameraStats(
-                name=name,
-                frames=frames[i],
-                dropped=dropped[i],
-                fps=frames[i] / spans[i] if spans[i] > 0 else 0.0,
-                latency_ms=lat[i],
-                short_by=self.decoders[i].short_by,
-                discarded=max(0, self.decoders[i].frames_read - frames[i] - dropped[i]),
+                name=snap.name,
+                frames=snap.frames,
+                dropped=snap.dropped,
+                fps=fig.fps,
+                latency_ms=fig.latency_ms,
+                short_by=snap.short_by,
+                discarded=snap.discarded,
             )
-            for i, name in enumerate(self.names)
+            for snap, fig in zip(snapshots, figures, strict=True)
         )
         return RunStats(
             cameras=cams,
-            elapsed_s=run_span_s,
-            frames=sum(frames),
+            elapsed_s=span_s if span_s > 0 else elapsed_s,
+            frames=frames,
             batches=batches,
             partial_batches=self.batcher.partial_batches,
             interrupted=interrupted,
             threads_not_stopped=not_stopped,
             device=str(self.device),
-            mean_batch_size=sum(frames) / batches if batches else 0.0,
+            mean_batch_size=frames / batches if batches else 0.0,
             queue_high_water=tuple(self.queues.high_water()),
             warmup=self.engine.warmup,
             in_flight_high_water=self.engine.in_flight_high_water,

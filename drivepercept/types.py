@@ -43,6 +43,68 @@ class CameraState(enum.Enum):
 
 
 @dataclass(frozen=True)
+class StateChange:
+    t_ns: int  # time.monotonic_ns(), the frames' clock
+    state: CameraState
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ReaderStatus:
+    """Where a reader is, and (live cameras) how its connection went.
+
+    Attributes:
+        state: its camera's state now.
+        live: a device or stream (reconnects), not a file.
+        connects: connections made (1 for a file).
+        failed_attempts: opens that failed, and connections that gave no frame.
+        downtime_s: time not streaming before it ended.
+        outage_s: down time after it first streamed.
+        streaming_s: time streaming.
+        changes: the kept state changes, oldest first.
+    """
+
+    state: CameraState
+    live: bool = False
+    connects: int = 1
+    failed_attempts: int = 0
+    downtime_s: float = 0.0
+    outage_s: float = 0.0
+    streaming_s: float = 0.0
+    changes: tuple[StateChange, ...] = ()
+
+
+@dataclass(frozen=True)
+class CameraSnapshot:
+    """One camera of a running (or finished) pipeline: what the status line, the metrics
+    endpoint, run.json and the run's statistics all read.
+
+    Attributes:
+        name: the camera.
+        state: its reader's state (a file that stopped being read counts as ended).
+        frames: results emitted.
+        dropped: frames its queue dropped (live policy).
+        fps: results per second over the last second.
+        p95_ms: end-to-end p95 over the last second (NaN with no frame in it).
+        read: frames read from the source.
+        short_by: frames its container announced that could not be decoded.
+        discarded: read, neither emitted nor dropped: in flight when the run stopped.
+        reader: the reader's own status (connects, down time, state changes).
+    """
+
+    name: str
+    state: CameraState
+    frames: int
+    dropped: int
+    fps: float
+    p95_ms: float
+    read: int
+    short_by: int
+    discarded: int
+    reader: ReaderStatus
+
+
+@dataclass(frozen=True)
 class Letterbox:
     """How a frame of `src_size` was fitted into a model input of `dst_size`.
 
@@ -312,6 +374,14 @@ class FrameResult:
     @property
     def original_bgr(self) -> ImageU8 | None:
         return self.meta.original_bgr
+
+
+@dataclass(frozen=True)
+class WarmupRun:
+    """One warm-up batch: its size and how long it took, end to end (milliseconds)."""
+
+    batch_size: int
+    ms: float
 
 
 @dataclass(frozen=True)

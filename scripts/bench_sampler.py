@@ -11,14 +11,12 @@ hits both alike, and prints every round, the median of each mode and their ratio
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import tempfile
 from pathlib import Path
 
-from drivepercept.config import PipelineConfig
 from drivepercept.models import load_detector
-from drivepercept.replay import ReplayOptions, run_replay
+from drivepercept.run import RunOptions, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,22 +33,21 @@ def main() -> int:
     args = parser.parse_args()
 
     detector = load_detector(args.model, weights=args.weights)
-    base = PipelineConfig(device=args.device, max_frames=args.max_frames)
+    base = {"device": args.device, "max_frames": args.max_frames}
     fps: dict[str, list[float]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                config = dataclasses.replace(base, sample_hz=args.hz if mode == "on" else 0.0)
-                options = ReplayOptions(
+                options = RunOptions(
                     sources=(args.source,),
                     model=args.model,
                     weights=args.weights,
-                    pipeline=config,
+                    settings={**base, "sample_hz": args.hz if mode == "on" else 0.0},
                     out_root=Path(tmp),
                     name=f"{mode}-{r}",
                     report_formats=(),
                 )
-                result = run_replay(options, detector=detector)
+                result = run(options, detector=detector)
                 fps[mode].append(result.stats.throughput_fps)
                 print(
                     f"round {r + 1} sampler {mode:<3} {result.stats.frames} frames "

@@ -12,8 +12,16 @@ import cv2
 import pytest
 
 from drivepercept.cli import main
-from drivepercept.config import SimulationConfig, load_rig
+from drivepercept.rig import load_rig
 from drivepercept.sim.clip import simulate_clip
+from drivepercept.sim.config import SimulationConfig
+from drivepercept.types import (
+    CameraSnapshot,
+    CameraState,
+    GpuSample,
+    LoadSample,
+    ReaderStatus,
+)
 
 CAMERAS = ["front", "front_left", "front_right", "back", "back_left", "back_right"]
 
@@ -171,10 +179,13 @@ def test_version_and_help() -> None:
     assert proc.returncode == 0 and "examples:" in proc.stdout
 
 
+def _snapshot(name: str, fps: float, p95_ms: float) -> CameraSnapshot:
+    reader = ReaderStatus(CameraState.STREAMING)
+    return CameraSnapshot(name, CameraState.STREAMING, 10, 0, fps, p95_ms, 10, 0, 0, reader)
+
+
 def test_status_line_shows_each_camera_and_the_load() -> None:
     from drivepercept.cli import status_line
-    from drivepercept.pipeline import LiveView
-    from drivepercept.types import GpuSample, LoadSample
 
     cpu = LoadSample(
         t_ns=1,
@@ -185,14 +196,10 @@ def test_status_line_shows_each_camera_and_the_load() -> None:
         system_mem_used_bytes=2 << 30,
         system_mem_total_bytes=8 << 30,
     )
-    view = LiveView(window_s=1.0, fps=(14.96, 0.0), p95_ms=(87.4, float("nan")), load=cpu)
-    assert status_line(view, ["front", "back"]) == (
-        "fps/p95 ms: front 15.0/87 back 0.0/- | CPU 75% of 2 cores"
-    )
+    cams = [_snapshot("front", 14.96, 87.4), _snapshot("back", 0.0, float("nan"))]
+    assert status_line(cams, cpu) == "fps/p95 ms: front 15.0/87 back 0.0/- | CPU 75% of 2 cores"
     gpu = GpuSample(
         0, 93.0, 40.0, 3.0 * 2**30, 80.0 * 2**30, 250.0, 700.0, 60.0, 1980.0, 2619.0, 0.0, 0.0, 0
     )
-    view = LiveView(
-        window_s=1.0, fps=(30.0,), p95_ms=(20.0,), load=dataclasses.replace(cpu, gpus=(gpu,))
-    )
-    assert status_line(view, ["front"]) == "fps/p95 ms: front 30.0/20 | GPU0 93% 3072 MB"
+    line = status_line([_snapshot("front", 30.0, 20.0)], dataclasses.replace(cpu, gpus=(gpu,)))
+    assert line == "fps/p95 ms: front 30.0/20 | GPU0 93% 3072 MB"

@@ -6,16 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from drivepercept.config import (
-    CameraConfig,
-    RigConfig,
-    SimulationConfig,
-    load_rig,
-    parse_size,
-    write_rig,
-)
 from drivepercept.errors import ConfigError
+from drivepercept.rig import CameraConfig, RigConfig, load_rig, parse_size, write_rig
 from drivepercept.sim.camera import default_rig_cameras
+from drivepercept.sim.config import SimulationConfig
 
 
 def test_rig_round_trips_through_toml(tmp_path: Path) -> None:

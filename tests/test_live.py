@@ -18,7 +18,8 @@ from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
 from drivepercept.models.oracle import make_oracle
 from drivepercept.pipeline import Pipeline
-from drivepercept.sources.live import LiveSource, is_device, is_stream, totals
+from drivepercept.rig import is_device, is_stream
+from drivepercept.sources.live import LiveSource, totals
 from drivepercept.sources.readers import FrameReader, SourceError, StateChange
 from drivepercept.types import CameraState
 

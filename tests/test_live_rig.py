@@ -25,9 +25,9 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from drivepercept.config import CameraConfig, PipelineConfig, ReconnectPolicy
+from drivepercept.config import ReconnectPolicy
 from drivepercept.models.base import Detector, InputSpec
-from drivepercept.replay import ReplayOptions, ReplayResult, run_replay
+from drivepercept.run import Mode, RunOptions, RunResult, run
 from drivepercept.sim.serve import CameraServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,22 +78,16 @@ def _live(
     name: str,
     policy: ReconnectPolicy | None = None,
     **kw: Any,
-) -> ReplayOptions:
-    return ReplayOptions(
-        sources=(),
-        cameras=tuple(CameraConfig(name=n, source=s) for n, s in cams),
+) -> RunOptions:
+    # the live mode's own policies on a CPU: a queue of one, drop_oldest, one batch in flight
+    return RunOptions(
+        sources=tuple(f"{n}={s}" for n, s in cams),
+        mode=Mode.LIVE,
         model="sleepy",
         weights=None,
-        pipeline=PipelineConfig(
-            device="cpu",
-            drop_policy="drop_oldest",
-            queue_capacity=1,
-            max_in_flight=1,
-            ring_slots=1,
-        ),
+        settings={"device": "cpu"},
         out_root=tmp_path,
         name=name,
-        mode="live",
         duration_s=duration_s,
         reconnect=policy or ReconnectPolicy(initial_s=0.1, max_s=0.5, max_attempts=40),
         **kw,
@@ -109,7 +103,7 @@ def test_latency_stays_flat_and_every_drop_is_counted(tmp_path: Path, server: Ca
     # given 4 cameras at 15 fps (60 frames/s) and a model that manages about 25 frames/s
     cams = [(n, server.url(n)) for n in NAMES]
     # when it runs live for 20 s
-    result = run_replay(_live(tmp_path, cams, duration_s=20.0, name="flat"), detector=_sleepy())
+    result = run(_live(tmp_path, cams, duration_s=20.0, name="flat"), detector=_sleepy())
     stats = result.stats
     rows = _rows(result.run_dir)
     capture = np.array([int(r["capture_ns"]) for r in rows])
@@ -144,11 +138,11 @@ def test_camera_server_outage_and_reconnect(tmp_path: Path) -> None:
     a.start()
     b.start()
     cams = [(n, a.url(n)) for n in NAMES[:2]] + [(NAMES[2], b.url(NAMES[2]))]
-    out: dict[str, ReplayResult] = {}
+    out: dict[str, RunResult] = {}
     runner = threading.Thread(
         target=lambda: out.setdefault(
             "r",
-            run_replay(
+            run(
                 _live(
                     tmp_path,
                     cams,
@@ -316,9 +310,9 @@ def test_metrics_endpoint_matches_the_run(tmp_path: Path, server: CameraServer) 
     options = _live(
         tmp_path, cams, duration_s=5.0, name="metrics", metrics_port=port, metrics_linger_s=4.0
     )
-    out: dict[str, ReplayResult] = {}
+    out: dict[str, RunResult] = {}
     runner = threading.Thread(
-        target=lambda: out.setdefault("r", run_replay(options, detector=_sleepy(0.05))),
+        target=lambda: out.setdefault("r", run(options, detector=_sleepy(0.05))),
         name="test-live-run",
     )
     runner.start()
@@ -387,7 +381,7 @@ def test_memory_stays_flat_over_a_minute(tmp_path: Path, server: CameraServer) -
     options = dataclasses.replace(
         _live(tmp_path, cams, duration_s=60.0, name="memory"), model="drivepercept-tiny"
     )
-    result = run_replay(options)
+    result = run(options)
     with (result.run_dir / "load.csv").open() as fh:
         samples = [(int(r["t_ns"]), float(r["process_rss_mb"])) for r in csv.DictReader(fh)]
     t0 = samples[0][0]

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from drivepercept.config import CameraConfig, Extrinsics, Intrinsics
 from drivepercept.errors import ConfigError
+from drivepercept.rig import CameraConfig, Extrinsics, Intrinsics
 from drivepercept.sim.camera import CameraModel, Pose2D, default_rig_cameras
 
 

@@ -13,7 +13,6 @@ import pytest
 
 from drivepercept.errors import OutputError
 from drivepercept.sinks import (
-    FRAMES_CSV,
     FRAMES_CSV_COLUMNS,
     MOSAIC_FILE,
     AnnotatedVideoSink,
@@ -178,7 +177,7 @@ def test_jsonl_file_is_whole_lines_while_the_run_goes_on(tmp_path: Path) -> None
 
 def test_files_written_before_an_exception_mid_run_are_valid(tmp_path: Path) -> None:
     # given a run that fails after three frames
-    jsonl, frames_csv = tmp_path / "d.jsonl", tmp_path / FRAMES_CSV
+    jsonl, frames_csv = tmp_path / "d.jsonl", tmp_path / "frames.csv"
     with (
         pytest.raises(RuntimeError, match="camera died"),
         DetectionsJsonlSink(jsonl) as det_sink,
@@ -204,7 +203,7 @@ def test_frames_csv_has_header_and_values(tmp_path: Path) -> None:
         _result(camera="front", frame_index=0, boxes=4),
         _result(camera="odd,name", camera_index=1, frame_index=0, boxes=0, latency_ns=7_000_001),
     ]
-    path = tmp_path / FRAMES_CSV
+    path = tmp_path / "frames.csv"
     with FrameTimingCsvSink(path) as sink:
         for result in results:
             sink.write(result)
@@ -232,7 +231,7 @@ def test_frames_csv_has_header_and_values(tmp_path: Path) -> None:
 
 
 def test_frames_csv_with_no_frames_is_just_the_header(tmp_path: Path) -> None:
-    path = tmp_path / "sub" / FRAMES_CSV  # missing parent folders are made
+    path = tmp_path / "sub" / "frames.csv"  # missing parent folders are made
     FrameTimingCsvSink(path).close()
     assert path.read_text() == ",".join(FRAMES_CSV_COLUMNS) + "\n"
 
@@ -243,7 +242,7 @@ def test_frames_csv_with_no_frames_is_just_the_header(tmp_path: Path) -> None:
 def test_sinks_in_an_uncreatable_place_raise_a_one_line_output_error(blocked_dir: Path) -> None:
     for make in (
         lambda: DetectionsJsonlSink(blocked_dir / "d.jsonl"),
-        lambda: FrameTimingCsvSink(blocked_dir / FRAMES_CSV),
+        lambda: FrameTimingCsvSink(blocked_dir / "frames.csv"),
         lambda: AnnotatedVideoSink(blocked_dir / "videos", fps=15.0),
     ):
         with pytest.raises(OutputError) as info:
@@ -266,7 +265,7 @@ def test_a_full_disk_is_an_output_error_and_the_sink_still_closes() -> None:
 def test_closing_twice_is_safe_and_writing_after_close_is_an_error(tmp_path: Path) -> None:
     sinks: list[Sink] = [
         DetectionsJsonlSink(tmp_path / "d.jsonl"),
-        FrameTimingCsvSink(tmp_path / FRAMES_CSV),
+        FrameTimingCsvSink(tmp_path / "frames.csv"),
         AnnotatedVideoSink(tmp_path / "videos", fps=15.0),
     ]
     for sink in sinks:

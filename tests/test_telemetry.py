@@ -458,7 +458,7 @@ def test_throttle_names() -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_real_nvml_samples_the_gpu_in_use(stop: threading.Event) -> None:
-    from drivepercept.pipeline import gpu_refs
+    from drivepercept.telemetry.sampler import gpu_refs
 
     refs = gpu_refs(torch.device("cuda", 0))
     sampler = LoadSampler(stop=stop, gpus=refs, rate_hz=20)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from drivepercept.config import SimulationConfig
 from drivepercept.models import ModelError, load_detector, tiny
 from drivepercept.sim.clip import simulate_clip
+from drivepercept.sim.config import SimulationConfig
 
 HELD_OUT_SEED = 9001  # never rendered for training (training seeds start at 100000)
 MAP50_FLOOR = 0.45  # measured 0.84 on the 8 s held-out clip; see models/README.md

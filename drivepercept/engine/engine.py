@@ -45,19 +45,11 @@ from drivepercept.engine.device import on_device
 from drivepercept.engine.step import DetectorStep, Outputs
 from drivepercept.models.base import Detector
 from drivepercept.queues import put_until_stopped
-from drivepercept.types import Batch, Detections, FrameResult, FrameTiming
+from drivepercept.types import Batch, Detections, FrameResult, FrameTiming, WarmupRun
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.1
-
-
-@dataclass(frozen=True)
-class WarmupRun:
-    """One warm-up batch: its size and how long it took, end to end (milliseconds)."""
-
-    batch_size: int
-    ms: float
 
 
 @dataclass

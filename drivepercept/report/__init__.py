@@ -18,7 +18,7 @@ from typing import Any
 from drivepercept.errors import ConfigError, OutputError
 from drivepercept.report.compare import comparison_text, render_comparison
 from drivepercept.report.html import render_html
-from drivepercept.report.rundir import ReportError, RunData, load_run
+from drivepercept.report.rundata import ReportError, RunData, load_run
 from drivepercept.report.summary import (
     DEFAULT_BUDGET_MS,
     DEFAULT_WINDOW_S,
@@ -28,14 +28,15 @@ from drivepercept.report.summary import (
     latency_csv,
 )
 from drivepercept.report.trace import build_trace
+from drivepercept.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 FORMATS: dict[str, str] = {
-    "json": "summary.json",
-    "csv": "latency.csv",
-    "html": "report.html",
-    "trace": "trace.json",
+    "json": RunDir.SUMMARY_JSON,
+    "csv": RunDir.LATENCY_CSV,
+    "html": RunDir.REPORT_HTML,
+    "trace": RunDir.TRACE_JSON,
 }
 ALL_FORMATS: tuple[str, ...] = ("html", "json", "csv", "trace")
 
@@ -131,7 +132,7 @@ def write_comparison(
     a, b = load_run(run_a), load_run(run_b)
     sa = build_summary(a, budget_ms=budget_ms)
     sb = build_summary(b, budget_ms=budget_ms)
-    path = out or a.run_dir / f"compare-{b.name}.html"
+    path = out or RunDir(a.run_dir).comparison_html(b.name)
     _write_text(path, render_comparison(a, sa, b, sb))
     problems = tuple(f"{a.name}: {p}" for p in a.problems) + tuple(
         f"{b.name}: {p}" for p in b.problems

@@ -13,7 +13,7 @@ import numpy as np
 
 from drivepercept.report import plots
 from drivepercept.report.html import CSS, esc, fmt, image, kv_table, table
-from drivepercept.report.rundir import RunData
+from drivepercept.report.rundata import RunData
 
 
 @dataclass(frozen=True)

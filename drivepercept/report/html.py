@@ -11,8 +11,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from drivepercept.report import plots
-from drivepercept.report.rundir import RunData
+from drivepercept.report.rundata import RunData
+from drivepercept.rundir import RunDir
 from drivepercept.telemetry.timeline import STAGE_SPANS
+
+FILES = ", ".join(
+    (RunDir.SUMMARY_JSON, RunDir.LATENCY_CSV, RunDir.FRAMES_CSV, RunDir.LOAD_CSV, RunDir.TRACE_JSON)
+)
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1100px; color: #222; }
@@ -298,7 +303,7 @@ the processed ones.</p>
             left=2,
         )
     }
-<p class="note">Files: summary.json, latency.csv, frames.csv, load.csv, trace.json (open in
-https://ui.perfetto.dev). Written by drivepercept {esc(env.get("drivepercept"))}.</p>
+<p class="note">Files: {esc(FILES)} (open the trace in https://ui.perfetto.dev). Written by
+drivepercept {esc(env.get("drivepercept"))}.</p>
 </body></html>
 """

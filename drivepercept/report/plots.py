@@ -12,7 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from drivepercept.report.rundir import LoadTable
+from drivepercept.report.rundata import LoadTable
 from drivepercept.telemetry.stats import windowed_rate
 from drivepercept.telemetry.timeline import STAGE_SPANS, Timeline
 

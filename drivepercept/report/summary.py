@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from drivepercept.report.rundir import LoadTable, RunData
+from drivepercept.report.rundata import LoadTable, RunData
+from drivepercept.rundir import RunRecord
 from drivepercept.telemetry.sampler import throttle_names
 from drivepercept.telemetry.stats import (
     LatencyStats,
@@ -90,12 +91,10 @@ def _deadline(values_ms: Any, budget_ms: float) -> dict[str, Any]:
     }
 
 
-def _camera_record(
-    tl: Timeline, index: int, run: dict[str, Any], budget_ms: float
-) -> dict[str, Any]:
+def _camera_record(tl: Timeline, index: int, run: RunRecord, budget_ms: float) -> dict[str, Any]:
     cam = tl.camera(index)
     e2e = cam.end_to_end_ms
-    recorded = run.get("summary", {}).get("cameras", {}).get(tl.cameras[index], {})
+    recorded = (run.summary or {}).get("cameras", {}).get(tl.cameras[index], {})
     dropped = recorded.get("dropped")
     return {
         "frames": len(cam),
@@ -106,21 +105,17 @@ def _camera_record(
         "dropped": dropped if isinstance(dropped, int) else None,
         "frame_index_gaps": frame_index_gaps(cam.frame_index),
         "frames_missing_from_source": recorded.get("frames_missing_from_source"),
-        "live": _live_camera(run.get("live", {}).get(tl.cameras[index]), run, tl.cameras[index]),
+        "live": _live_camera((run.live or {}).get(tl.cameras[index]), run, tl.cameras[index]),
     }
 
 
-def _live_camera(record: Any, run: dict[str, Any], camera: str) -> dict[str, Any] | None:
+def _live_camera(record: Any, run: RunRecord, camera: str) -> dict[str, Any] | None:
     """A live camera's final state, reconnects, outages and down time (from run.json)."""
     if not isinstance(record, dict):
         return None
     changes = [c for c in record.get("changes", []) if isinstance(c, dict)]
     fps = next(
-        (
-            s.get("fps")
-            for s in run.get("sources", [])
-            if isinstance(s, dict) and s.get("camera") == camera
-        ),
+        (s.get("fps") for s in run.sources if s.get("camera") == camera),
         None,
     )
     return {
@@ -205,7 +200,7 @@ def build_summary(
 ) -> dict[str, Any]:
     """The summary.json document of a run (see the module docstring)."""
     tl = data.timeline
-    run = data.run
+    run = data.record
     e2e = tl.end_to_end_ms
     origin, end = tl.origin_ns, tl.end_ns
     total = windowed_rate(tl.stamps["emitted"], origin_ns=origin, end_ns=end, window_s=window_s)
@@ -219,19 +214,19 @@ def build_summary(
         for i, name in enumerate(tl.cameras)
     }
     fill = batch_fill(tl.batch_index, tl.batch_size, cameras=len(tl.cameras))
-    telemetry = run.get("telemetry", {})
+    telemetry = run.telemetry or {}
     return {
         "schema": SUMMARY_SCHEMA,
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "run": {
             "name": data.name,
             "status": data.status,
-            "started": run.get("started"),
-            "command": run.get("command"),
-            "model": run.get("model"),
-            "config": run.get("config"),
-            "environment": run.get("environment"),
-            "sources": run.get("sources"),
+            "started": run.started or None,
+            "command": run.command,
+            "model": run.model or None,
+            "config": run.config or None,
+            "environment": run.environment or None,
+            "sources": run.sources or None,
             "telemetry": telemetry or None,
         },
         "problems": list(data.problems),

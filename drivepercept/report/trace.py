@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from drivepercept.report.rundir import LoadTable, RunData
+from drivepercept.report.rundata import LoadTable, RunData
 from drivepercept.telemetry.timeline import Timeline
 
 PIPELINE_PID = 1

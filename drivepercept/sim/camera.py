@@ -13,14 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from drivepercept.config import (
-    CameraConfig,
-    Extrinsics,
-    Intrinsics,
-    check_camera_count,
-    check_size,
-)
 from drivepercept.errors import ConfigError
+from drivepercept.rig import CameraConfig, Extrinsics, Intrinsics, check_camera_count, check_size
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -22,9 +22,10 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from drivepercept.config import CameraConfig, RigConfig, SimulationConfig, write_rig
 from drivepercept.errors import OutputError
+from drivepercept.rig import CameraConfig, RigConfig, write_rig
 from drivepercept.sim.camera import CameraModel, default_rig_cameras
+from drivepercept.sim.config import SimulationConfig
 from drivepercept.sim.groundtruth import GroundTruthWriter
 from drivepercept.sim.render import Renderer
 from drivepercept.sim.world import generate_world

@@ -34,8 +34,8 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from drivepercept.config import check_fps, load_rig
 from drivepercept.errors import ConfigError, DrivePerceptError, one_line
+from drivepercept.rig import check_fps, resolve_cameras
 
 log = logging.getLogger(__name__)
 
@@ -436,58 +436,25 @@ def _open_video(path: Path) -> tuple[cv2.VideoCapture, _Image, float]:
 
 
 def cameras_from_sources(sources: Sequence[str]) -> list[tuple[str, Path]]:
-    """Turn rig files, video files and folders of videos into (name, video) pairs.
-
-    A `.toml` source is a rig (`drivepercept.config.load_rig`): its cameras' names and videos.
-    A folder gives its `*.mp4`, `*.avi`, `*.mkv` and `*.mov` files, sorted; any other file is a
-    video. Names come from the rig or the file stem (characters other than letters, digits,
-    `_` and `-` become `_`); a repeated name gets `_2`, `_3`, ...
+    """Rig files, video files and folders of videos -> (name, video) pairs, by the rules every
+    mode shares (`drivepercept.rig.resolve_cameras`, with each video of a folder a camera).
 
     Raises:
         ServeError: a source or a rig's video is missing, a folder has no videos, a rig is bad.
     """
-    pairs: list[tuple[str, Path]] = []
-    for source in map(Path, sources):
-        if source.is_dir():
-            videos = sorted(
-                p for p in source.iterdir() if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES
+    try:
+        cams = resolve_cameras(sources, folders_of_videos=True)
+    except ConfigError as exc:
+        raise ServeError(one_line(str(exc))) from exc
+    pairs = []
+    for cam in cams:
+        if cam.video is None or not cam.video.exists():
+            raise ServeError(
+                f"camera {cam.name!r}: expected a rig .toml, a video or a folder of videos, "
+                f"got no file at {cam.video or cam.source}"
             )
-            if not videos:
-                raise ServeError(
-                    f"expected videos (*.mp4, *.avi, *.mkv, *.mov) in {source}, got none"
-                )
-            pairs += [(_stem_name(video), video) for video in videos]
-        elif not source.exists():
-            raise ServeError(f"expected a rig .toml, a video or a folder, got no file at {source}")
-        elif source.suffix.lower() == ".toml":
-            try:
-                rig = load_rig(source)
-            except ConfigError as exc:
-                raise ServeError(one_line(str(exc))) from exc
-            for camera in rig.cameras:
-                if camera.video is None or not camera.video.is_file():
-                    raise ServeError(
-                        f"rig {source}: expected a video for camera {camera.name!r}, "
-                        f"got {camera.video or 'none'}"
-                    )
-                pairs.append((camera.name, camera.video))
-        else:
-            pairs.append((_stem_name(source), source))
-    unique: list[tuple[str, Path]] = []
-    taken: set[str] = set()
-    for name, video in pairs:
-        candidate, n = name, 1
-        while candidate in taken:
-            n += 1
-            candidate = f"{name}_{n}"
-        taken.add(candidate)
-        unique.append((candidate, video))
-    return unique
-
-
-def _stem_name(path: Path) -> str:
-    name = re.sub(r"[^A-Za-z0-9_-]", "_", path.stem)[:56]
-    return name if name[:1].isalnum() else f"cam{name}"
+        pairs.append((cam.name, cam.video))
+    return pairs
 
 
 def serve_forever(server: CameraServer, *, stop: threading.Event) -> None:

@@ -11,19 +11,12 @@ from __future__ import annotations
 
 from drivepercept.sinks.base import ImageSink, LoadSink, Sink
 from drivepercept.sinks.jsonl import DetectionsJsonlSink, frame_record
-from drivepercept.sinks.load import LOAD_CSV, LoadCsvSink, load_csv_columns
-from drivepercept.sinks.timing import (
-    FRAMES_CSV,
-    FRAMES_CSV_COLUMNS,
-    FrameTimingCsvSink,
-    timing_row,
-)
+from drivepercept.sinks.load import LoadCsvSink, load_csv_columns
+from drivepercept.sinks.timing import FRAMES_CSV_COLUMNS, FrameTimingCsvSink, timing_row
 from drivepercept.sinks.video import MOSAIC_FILE, AnnotatedVideoSink, draw_detections
 
 __all__ = [
-    "FRAMES_CSV",
     "FRAMES_CSV_COLUMNS",
-    "LOAD_CSV",
     "MOSAIC_FILE",
     "AnnotatedVideoSink",
     "DetectionsJsonlSink",

@@ -47,7 +47,7 @@ class DisplaySink(ClosingSink):
         cameras: Sequence[str],
         *,
         refresh_hz: float = 20.0,
-        on_quit: Callable[[], None] | None = None,
+        on_quit: Callable[[], object] | None = None,
     ) -> None:
         self.cameras = list(cameras)
         self.columns = math.ceil(math.sqrt(len(self.cameras)))

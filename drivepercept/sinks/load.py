@@ -20,8 +20,6 @@ from drivepercept.sinks._lines import LineFile
 from drivepercept.sinks.base import ClosingSink
 from drivepercept.types import GpuSample, LoadSample
 
-LOAD_CSV = "load.csv"
-
 _MB = float(1 << 20)
 SYSTEM_COLUMNS: tuple[str, ...] = (
     "t_ns",

@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -29,27 +28,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from drivepercept.errors import OutputError
 from drivepercept.sinks.base import ClosingSink
-from drivepercept.types import FrameResult, LoadSample
+from drivepercept.types import CameraSnapshot, CameraState, FrameResult, LoadSample
 
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
-STATES = ("connecting", "streaming", "reconnecting", "failed", "ended")
-
-
-@dataclass(frozen=True)
-class CameraSnapshot:
-    """What the pipeline knows of a camera at scrape time."""
-
-    dropped: int
-    fps: float
-    state: str
 
 
 class _Polled:
     """A collector that asks the pipeline for drops, fps and states when scraped."""
 
-    def __init__(self, poll: Callable[[], Mapping[str, CameraSnapshot]]) -> None:
+    def __init__(self, poll: Callable[[], Sequence[CameraSnapshot]]) -> None:
         self.poll = poll
 
     def collect(self) -> Iterator[Any]:
@@ -63,11 +52,11 @@ class _Polled:
         state = GaugeMetricFamily(
             "drivepercept_camera_state", "1 for the camera's state", labels=["camera", "state"]
         )
-        for camera, snap in snapshot.items():
-            dropped.add_metric([camera], snap.dropped)
-            fps.add_metric([camera], snap.fps)
-            for name in STATES:
-                state.add_metric([camera, name], 1.0 if snap.state == name else 0.0)
+        for snap in snapshot:
+            dropped.add_metric([snap.name], snap.dropped)
+            fps.add_metric([snap.name], snap.fps)
+            for name in CameraState:
+                state.add_metric([snap.name, name.value], 1.0 if snap.state is name else 0.0)
         yield from (dropped, fps, state)
 
 
@@ -79,7 +68,7 @@ class MetricsExporter:
     Args:
         port: TCP port (0 picks a free one; see `.port`).
         cameras: camera names (their series exist from the start, at 0).
-        poll: returns a `CameraSnapshot` per camera, called on each scrape.
+        poll: returns the pipeline's `CameraSnapshot`s, called on each scrape.
 
     Raises:
         OutputError: the port cannot be bound.
@@ -90,7 +79,7 @@ class MetricsExporter:
         *,
         port: int,
         cameras: Sequence[str],
-        poll: Callable[[], Mapping[str, CameraSnapshot]],
+        poll: Callable[[], Sequence[CameraSnapshot]],
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry

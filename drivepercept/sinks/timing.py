@@ -20,8 +20,6 @@ from drivepercept.types import STAMPS, FrameResult
 
 log = logging.getLogger(__name__)
 
-FRAMES_CSV = "frames.csv"
-
 _STAMP_COLUMNS = tuple(f"{stamp}_ns" for stamp in STAMPS)
 
 FRAMES_CSV_COLUMNS: tuple[str, ...] = (

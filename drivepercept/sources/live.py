@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 
 from drivepercept.config import ReconnectPolicy
+from drivepercept.rig import is_device, is_stream
 from drivepercept.sources.readers import (
     FrameReader,
     RawFrame,
@@ -42,15 +43,6 @@ from drivepercept.types import CameraState, ImageU8
 log = logging.getLogger(__name__)
 
 MAX_CHANGES = 1000  # state changes kept per camera (totals are kept apart, unbounded)
-STREAM_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://", "rtmp://")
-
-
-def is_stream(source: str) -> bool:
-    return source.lower().startswith(STREAM_PREFIXES)
-
-
-def is_device(source: str) -> bool:
-    return source.isdigit() or source.startswith("/dev/video")
 
 
 class CaptureReader:

@@ -19,7 +19,9 @@ import cv2
 import numpy as np
 
 from drivepercept.errors import DrivePerceptError
-from drivepercept.types import CameraState, ImageU8
+from drivepercept.types import CameraState, ImageU8, ReaderStatus, StateChange
+
+__all__ = ["ReaderStatus", "StateChange"]  # re-exported: the readers' vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -50,38 +52,6 @@ class RawFrame:
     image_bgr: ImageU8 = field(repr=False)
     pts_s: float
     arrived_ns: int
-
-
-@dataclass(frozen=True)
-class StateChange:
-    t_ns: int  # time.monotonic_ns(), the frames' clock
-    state: CameraState
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class ReaderStatus:
-    """Where a reader is, and (live cameras) how its connection went.
-
-    Attributes:
-        state: its camera's state now.
-        live: a device or stream (reconnects), not a file.
-        connects: connections made (1 for a file).
-        failed_attempts: opens that failed, and connections that gave no frame.
-        downtime_s: time not streaming before it ended.
-        outage_s: down time after it first streamed.
-        streaming_s: time streaming.
-        changes: the kept state changes, oldest first.
-    """
-
-    state: CameraState
-    live: bool = False
-    connects: int = 1
-    failed_attempts: int = 0
-    downtime_s: float = 0.0
-    outage_s: float = 0.0
-    streaming_s: float = 0.0
-    changes: tuple[StateChange, ...] = ()
 
 
 class FrameReader(Protocol):

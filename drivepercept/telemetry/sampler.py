@@ -72,6 +72,28 @@ class GpuRef:
         return f"{self.pci_domain:08x}:{self.pci_bus:02x}:{self.pci_device:02x}.0"
 
 
+def gpu_refs(device: Any) -> tuple[GpuRef, ...]:
+    """The GPU a torch device runs on, by PCI address, for NVML (none for the CPU)."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return ()
+    import torch
+
+    index = device.index or 0
+    props: Any = torch.cuda.get_device_properties(index)  # pci_* are missing from its stubs
+    try:
+        return (
+            GpuRef(
+                cuda_index=index,
+                pci_domain=int(props.pci_domain_id),
+                pci_bus=int(props.pci_bus_id),
+                pci_device=int(props.pci_device_id),
+            ),
+        )
+    except AttributeError:  # an older torch: no PCI address, so no safe match with NVML
+        log.warning("this torch does not report the GPU's PCI address: no GPU metrics")
+        return ()
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """Static facts about one sampled GPU."""

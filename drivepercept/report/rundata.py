@@ -13,34 +13,19 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from drivepercept.errors import DrivePerceptError
+from drivepercept.rundir import RunDir, RunRecord
 from drivepercept.telemetry.stats import FloatArray, IntArray
 from drivepercept.telemetry.timeline import Timeline, fill_missing_stamps
 from drivepercept.types import STAMPS
 
-RUN_JSON = "run.json"
-FRAMES_CSV = "frames.csv"
-LOAD_CSV = "load.csv"
 MAX_LISTED_PROBLEMS = 5  # per file; the rest are counted
 
 _INT_COLUMNS = ("camera_index", "frame_index", "batch_index", "batch_size", "detections")
 _REQUIRED = ("camera", *_INT_COLUMNS[:4], "capture_ns", "emitted_ns")
-
-
-_RUN_JSON_TYPES: dict[str, type] = {
-    "model": dict,
-    "config": dict,
-    "environment": dict,
-    "sources": list,
-    "telemetry": dict,
-    "summary": dict,
-    "live": dict,
-    "status": str,
-}
 
 
 class ReportError(DrivePerceptError):
@@ -74,7 +59,7 @@ class RunData:
     """Everything the report needs from a run folder, and what was wrong with it."""
 
     run_dir: Path
-    run: dict[str, Any]  # run.json ({} when missing or unreadable)
+    record: RunRecord  # run.json (an empty "unknown" record when missing or unreadable)
     timeline: Timeline
     load: LoadTable | None
     problems: tuple[str, ...] = field(default=())
@@ -85,7 +70,7 @@ class RunData:
 
     @property
     def status(self) -> str:
-        return str(self.run.get("status", "unknown"))
+        return self.record.status
 
 
 class _Problems:
@@ -109,36 +94,26 @@ class _Problems:
         return tuple(out)
 
 
-def _read_run_json(path: Path, problems: _Problems) -> dict[str, Any]:
+def _read_run_json(path: Path, problems: _Problems) -> RunRecord:
+    unknown = RunRecord(command="unknown", mode="unknown", status="unknown")
     if not path.is_file():
-        problems.add(f"{RUN_JSON} is missing: no config, environment or drop counts")
-        return {}
+        problems.add(f"{path.name} is missing: no config, environment or drop counts")
+        return unknown
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        problems.add(f"{RUN_JSON} is unreadable ({type(exc).__name__}: {exc})")
-        return {}
-    if not isinstance(data, dict):
-        problems.add(f"{RUN_JSON} is not a JSON object")
-        return {}
-    for key, kind in _RUN_JSON_TYPES.items():
-        value = data.get(key)
-        if value is not None and not isinstance(value, kind):
-            problems.add(
-                f"{RUN_JSON}: {key} should be a {kind.__name__}, got {type(value).__name__}; "
-                "ignored"
-            )
-            del data[key]
-    if isinstance(data.get("sources"), list):
-        data["sources"] = [s for s in data["sources"] if isinstance(s, dict)]
-    status = data.get("status")
-    if status == "running":
+        problems.add(f"{path.name} is unreadable ({type(exc).__name__}: {exc})")
+        return unknown
+    record, found = RunRecord.from_json(data)
+    for problem in found:
+        problems.add(f"{path.name}: {problem}")
+    if record.status == "running":
         problems.add(
-            f"the run did not finish ({RUN_JSON} still says 'running': killed, or still going)"
+            f"the run did not finish ({path.name} still says 'running': killed, or still going)"
         )
-    elif status == "failed":
-        problems.add(f"the run failed: {data.get('error', 'no error recorded')}")
-    return data
+    elif record.status == "failed":
+        problems.add(f"the run failed: {record.error or 'no error recorded'}")
+    return record
 
 
 def _lines(path: Path) -> tuple[list[str], bool]:
@@ -169,7 +144,7 @@ def read_frames_csv(path: Path, problems: _Problems, cameras: list[str]) -> Time
     header = next(csv.reader([lines[0]]))
     missing = [c for c in _REQUIRED if c not in header]
     if missing:
-        raise ReportError(f"{path} has no column(s) {missing}: not a drivepercept frames.csv")
+        raise ReportError(f"{path} has no column(s) {missing}: not a drivepercept {name}")
     col = {c: i for i, c in enumerate(header)}
     stamp_cols = [s for s in STAMPS if f"{s}_ns" in col]
     ints: dict[str, list[int]] = {c: [] for c in (*_INT_COLUMNS, *stamp_cols)}
@@ -276,12 +251,12 @@ def load_run(run_dir: Path | str) -> RunData:
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir} is not a folder (give a run folder, e.g. runs/replay-...)")
     problems = _Problems()
-    run = _read_run_json(run_dir / RUN_JSON, problems)
-    cameras = [str(s.get("camera")) for s in run.get("sources", []) if isinstance(s, dict)]
-    timeline = read_frames_csv(run_dir / FRAMES_CSV, problems, cameras)
-    load = read_load_csv(run_dir / LOAD_CSV, problems)
+    folder = RunDir(run_dir)
+    record = _read_run_json(folder.run_json, problems)
+    timeline = read_frames_csv(folder.frames_csv, problems, record.camera_names)
+    load = read_load_csv(folder.load_csv, problems)
     if not len(timeline):
-        problems.add(f"{FRAMES_CSV} holds no frames")
+        problems.add(f"{folder.FRAMES_CSV} holds no frames")
     return RunData(
-        run_dir=run_dir, run=run, timeline=timeline, load=load, problems=problems.finish()
+        run_dir=run_dir, record=record, timeline=timeline, load=load, problems=problems.finish()
     )

@@ -12,6 +12,7 @@ Three measurements on the same machine, model, input size and batch, in one run:
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,14 +20,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from drivepercept.config import CameraConfig, PipelineConfig
+from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.engine.device import resolve_device
 from drivepercept.engine.step import DetectorStep
+from drivepercept.models import load_detector
 from drivepercept.models.base import Detector, InputSpec
 from drivepercept.pipeline import Pipeline
-from drivepercept.replay import open_readers
+from drivepercept.rig import CameraConfig, resolve_cameras
+from drivepercept.run.options import RunOptions
+from drivepercept.sources.open import open_cameras
 from drivepercept.sources.prepare import prepare
-from drivepercept.sources.readers import SourceError
+from drivepercept.sources.readers import FrameReader, SourceError
+
+
+def _open(cams: Sequence[CameraConfig]) -> list[FrameReader]:
+    return open_cameras(cams, paced=False, policy=ReconnectPolicy(), stop=threading.Event())
 
 
 @dataclass(frozen=True)
@@ -48,9 +56,13 @@ class BenchResult:
     batch: int
     device: str
     rounds: int = 1
+    model: str = ""
+    input_size: tuple[int, int] = (0, 0)
 
     def table(self) -> str:
-        rows = [f"{'mode':<12} {'frames':>7} {'seconds':>8} {'frames/s':>9}"]
+        w, h = self.input_size
+        rows = [f"model {self.model}, input {w}x{h}, {self.batch} cameras"]
+        rows += [f"{'mode':<12} {'frames':>7} {'seconds':>8} {'frames/s':>9}"]
         for line in (self.model_only, self.pipeline, self.naive):
             rows.append(f"{line.mode:<12} {line.frames:>7d} {line.seconds:>8.3f} {line.fps:>9.1f}")
         rows.append(f"pipeline / model-only: {self.pipeline.fps / self.model_only.fps:.2f}x")
@@ -72,7 +84,7 @@ def _pipeline(
     cams: Sequence[CameraConfig], detector: Detector, config: PipelineConfig, frames_per_camera: int
 ) -> BenchLine:
     pipe_cfg = dataclasses.replace(config, max_frames=frames_per_camera)
-    readers = open_readers(cams)
+    readers = _open(cams)
     with Pipeline(
         cameras=[(c.name, r) for c, r in zip(cams, readers, strict=True)],
         detector=detector,
@@ -85,7 +97,7 @@ def _pipeline(
 def _naive(
     cams: Sequence[CameraConfig], runner: DetectorStep, spec: InputSpec, frames_per_camera: int
 ) -> BenchLine:
-    readers = open_readers(cams)
+    readers = _open(cams)
     done = 0
     start = time.perf_counter()
     try:
@@ -104,18 +116,21 @@ def _naive(
 
 
 def bench(
-    cams: Sequence[CameraConfig],
-    detector: Detector,
-    config: PipelineConfig,
+    options: RunOptions,
     *,
     frames_per_camera: int,
     rounds: int = 2,
     warmup: int = 2,
+    detector: Detector | None = None,
 ) -> BenchResult:
     """Run the three measurements `rounds` times, interleaved (a, b, c, a, b, c, ...), and keep
     each mode's fastest round: on a shared machine the noise is in one direction, and
     interleaving exposes every mode to the same drift. `frames_per_camera` frames of each
-    camera in (b) and (c), as many batches in (a)."""
+    camera in (b) and (c), as many batches in (a). The sources, model and settings are
+    `options`' (replay mode)."""
+    cams = resolve_cameras(options.sources)
+    config = options.pipeline()
+    detector = detector or load_detector(options.model, weights=options.weights)
     device = resolve_device(config.device)
     # the engine's own steps, run synchronously: the same model set-up and precision
     runner = DetectorStep(detector, config, device)
@@ -123,7 +138,7 @@ def bench(
 
     # (a)'s pre-made batch: the first frame of every camera, prepared once
     images = []
-    readers = open_readers(cams)
+    readers = _open(cams)
     try:
         for cam, r in zip(cams, readers, strict=True):
             got = r.read()
@@ -151,4 +166,6 @@ def bench(
         batch=len(cams),
         device=str(device),
         rounds=rounds,
+        model=detector.name,
+        input_size=detector.input.size,
     )

@@ -1,0 +1,269 @@
+"""What each subcommand does: merge the config file and the flags, call a job, print."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from drivepercept.config import ReconnectPolicy
+from drivepercept.errors import ConfigError
+from drivepercept.report import (
+    ALL_FORMATS,
+    DEFAULT_BUDGET_MS,
+    parse_formats,
+    write_comparison,
+    write_report,
+)
+from drivepercept.rig import parse_size, read_toml
+from drivepercept.run import DEFAULT_MODEL, Mode, RunOptions, RunResult, bench, evaluate, run
+from drivepercept.run.console import Progress, report_lines, summary_table
+from drivepercept.run.options import PIPELINE_KEYS
+
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
+RUN_KEYS = frozenset(
+    {"model", "weights", "out", "name", "save_video", "mosaic", "budget_ms", "report"}
+)
+RECONNECT = {
+    "initial_s": "reconnect_initial_s",
+    "max_s": "reconnect_max_s",
+    "max_attempts": "reconnect_attempts",
+    "open_timeout_s": "open_timeout_s",
+    "read_timeout_s": "read_timeout_s",
+}
+
+
+def merged_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """Sources and settings: the --config file's keys first (a `[replay]` table or the top
+    level), the flags on top. The one place config file and flags meet.
+
+    Raises:
+        ConfigError: unknown keys in the file, or no source at all.
+    """
+    settings: dict[str, Any] = {}
+    if getattr(args, "config", None) is not None:
+        data = read_toml(Path(args.config), what="config file")
+        raw = dict(data.get("replay", data))
+        unknown = sorted(set(raw) - PIPELINE_KEYS - RUN_KEYS - {"sources"})
+        if unknown:
+            raise ConfigError(f"config file {args.config}: unknown keys {unknown}")
+        settings.update(raw)
+    for key in (*PIPELINE_KEYS, *RUN_KEYS):
+        value = getattr(args, key, None)
+        if value is not None:
+            settings[key] = value
+    sources = [*settings.pop("sources", []), *(getattr(args, "sources", None) or [])]
+    sources += getattr(args, "camera", None) or []
+    if getattr(args, "rig", None):
+        sources.insert(0, args.rig)
+    if not sources:
+        raise ConfigError("give at least one SOURCE (rig.toml, video file, folder or camera)")
+    return tuple(str(s) for s in sources), settings
+
+
+def run_options(args: argparse.Namespace, mode: Mode) -> RunOptions:
+    sources, settings = merged_settings(args)
+    report = settings.get("report")
+    flag = vars(args).get
+    reconnect: dict[str, Any] = {k: flag(a) for k, a in RECONNECT.items() if flag(a) is not None}
+    return RunOptions(
+        sources=sources,
+        mode=mode,
+        model=settings.get("model", DEFAULT_MODEL),
+        weights=settings.get("weights", "DEFAULT"),
+        settings={k: v for k, v in settings.items() if k in PIPELINE_KEYS},
+        out_root=Path(settings.get("out", "runs")),
+        name=settings.get("name"),
+        save_video=bool(settings.get("save_video")),
+        mosaic=bool(settings.get("mosaic")),
+        report_formats=ALL_FORMATS if report is None else parse_formats(report) if report else (),
+        budget_ms=float(settings.get("budget_ms", DEFAULT_BUDGET_MS)),
+        duration_s=flag("duration"),
+        reconnect=ReconnectPolicy(**reconnect),
+        metrics_port=flag("metrics_port"),
+        metrics_linger_s=flag("metrics_linger_s") or 0.0,
+        show=bool(flag("show")),
+    )
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _progress(args: argparse.Namespace) -> Progress:
+    return Progress(enabled=not args.no_progress and sys.stderr.isatty(), log_status=args.verbose)
+
+
+def _with_progress(args: argparse.Namespace, job: Callable[[Progress], Any]) -> Any:
+    """Run a job with the progress display; SIGTERM stops it like Ctrl-C (drain, outputs)."""
+    bar = _progress(args)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return job(bar)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        bar.finish()
+
+
+def _print_run(result: RunResult) -> None:
+    print(summary_table(result))
+    print(f"run folder: {result.run_dir}")
+    if result.report is not None:
+        print("\n".join(report_lines(result.report)))
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    live = args.command == "live"
+    mode = Mode.LIVE if live else Mode.REALTIME if args.realtime else Mode.REPLAY
+    options = run_options(args, mode)
+    result: RunResult = _with_progress(args, lambda bar: run(options, progress=bar))
+    _print_run(result)
+    prefix = f"drivepercept {args.command}: error:"
+    if result.error:
+        print(f"{prefix} {result.error}", file=sys.stderr)
+        return EXIT_ERROR
+    if result.stats.interrupted:
+        print("interrupted: outputs hold the frames processed so far", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if result.failed_cameras:
+        names = ", ".join(result.failed_cameras)
+        print(
+            f"{prefix} camera(s) failed for good: {names} (the others ran; see {result.run_dir})",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    if result.short_cameras:
+        what = ", ".join(
+            f"{c.name} after {c.frames} frames ({c.short_by} missing)" for c in result.short_cameras
+        )
+        print(
+            f"{prefix} video ended early (truncated?): {what}; every decodable frame was "
+            f"processed, see {result.run_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from drivepercept.eval import EvalThresholds
+
+    sources, settings = merged_settings(args)
+    if len(sources) != 1:
+        raise ConfigError("eval takes exactly one clip (a folder or its rig.toml)")
+    thresholds = EvalThresholds(
+        min_visibility=args.min_visibility, min_height_px=args.min_height_px
+    )
+    result = _with_progress(
+        args,
+        lambda bar: evaluate(
+            sources[0],
+            ground_truth=args.ground_truth,
+            model=settings.pop("model", DEFAULT_MODEL),
+            weights=settings.pop("weights", "DEFAULT"),
+            out_root=Path(settings.pop("out", "runs")),
+            name=settings.pop("name", None),
+            settings={k: v for k, v in settings.items() if k in PIPELINE_KEYS},
+            thresholds=thresholds,
+            progress=bar,
+        ),
+    )
+    if result is None:
+        print("interrupted: no evaluation", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(result.report.table())
+    print(f"run folder: {result.run.run_dir}")
+    return EXIT_OK
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.frames < 1 or args.rounds < 1:
+        raise ConfigError(f"--frames and --rounds must be >= 1, got {args.frames}, {args.rounds}")
+    result = bench(
+        run_options(args, Mode.REPLAY), frames_per_camera=args.frames, rounds=args.rounds
+    )
+    print(result.table())
+    return EXIT_OK
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from drivepercept.sim.clip import simulate_clip
+    from drivepercept.sim.config import SimulationConfig
+
+    width, height = parse_size(args.size)
+    config = SimulationConfig(
+        out_dir=args.out,
+        cameras=args.cameras,
+        seconds=args.seconds,
+        fps=args.fps,
+        width=width,
+        height=height,
+        seed=args.seed,
+        noise=not args.no_noise,
+    )
+    result = simulate_clip(config)
+    per_cam_fps = result.frames / result.elapsed_s if result.elapsed_s > 0 else 0.0
+    print(
+        f"wrote {len(result.videos)} videos x {result.frames} frames, {result.annotations} "
+        f"boxes, to {result.out_dir} in {result.elapsed_s:.1f} s ({per_cam_fps:.1f} rig frames/s)"
+    )
+    if result.interrupted:
+        print("interrupted: the files hold the frames rendered so far", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from drivepercept.sim.serve import CameraServer, cameras_from_sources, serve_forever
+
+    server = CameraServer(cameras_from_sources(args.sources), port=args.port, fps=args.fps)
+    server.start()
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for cam in server.cameras:
+        print(f"{cam.name}: {server.url(cam.name)} ({cam.fps:g} fps, {cam.path})", flush=True)
+    try:
+        serve_forever(server, stop=stop)
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    finally:
+        server.close()
+        signal.signal(signal.SIGTERM, previous)
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if args.compare is not None:
+        comparison = write_comparison(args.run_dir, args.compare, budget_ms=args.budget_ms)
+        print(comparison.text)
+        print(f"comparison: {comparison.html}")
+        problems = comparison.problems
+    else:
+        report = write_report(
+            args.run_dir, formats=parse_formats(args.report), budget_ms=args.budget_ms
+        )
+        print("\n".join(report_lines(report)))
+        problems = report.problems
+    if problems:
+        more = f" (and {len(problems) - 1} more, listed in the report)" if len(problems) > 1 else ""
+        print(
+            f"drivepercept report: error: the report covers what is there, but {problems[0]}{more}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "simulate": cmd_simulate,
+    "replay": cmd_replay,
+    "live": cmd_replay,
+    "eval": cmd_eval,
+    "bench": cmd_bench,
+    "serve-cameras": cmd_serve,
+    "report": cmd_report,
+}

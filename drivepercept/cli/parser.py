@@ -1,0 +1,178 @@
+"""The argparse front door: subcommands, their flags and worked examples."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, NoReturn
+
+from drivepercept import __version__
+from drivepercept.run.options import DEFAULT_MODEL
+
+EXIT_USAGE = 2
+
+EXAMPLES = {
+    "simulate": """
+  drivepercept simulate --out /tmp/rig --cameras 6 --seconds 4 --fps 15 --size 640x360 --seed 7
+The folder gets <camera>.mp4 per camera, ground_truth.json and rig.toml; the same seed gives
+the same ground truth, byte for byte.""",
+    "replay": """
+  drivepercept replay sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
+  drivepercept replay front.mp4 rear.mp4 --device cuda --precision fp16 --save-video
+  drivepercept replay --config replay.toml sample_videos/rig.toml
+SOURCE: a rig file, a video, an image folder or NAME=SOURCE; several make one rig. A --config
+TOML file takes the flags' keys (with underscores); flags override it.""",
+    "live": """
+  drivepercept serve-cameras sample_videos/rig.toml --port 8554 &   # simulated cameras
+  drivepercept live --camera front=http://127.0.0.1:8554/front.mjpg --duration 30
+  drivepercept live --camera dash=0 --device cuda --precision fp16 --metrics-port 9100
+Each camera keeps only its newest frame, every drop counted; a failing camera reconnects with
+backoff while the others carry on. Ctrl-C or SIGTERM drains and writes every output.""",
+    "eval": """
+  drivepercept simulate --out /tmp/heldout --seed 9001 --seconds 4
+  drivepercept eval /tmp/heldout --model ssdlite320_mobilenet_v3_large --weights DEFAULT
+Ground truth less visible than --min-visibility or lower than --min-height-px is ignored.""",
+    "bench": """
+  drivepercept bench sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
+Frames/s of the model alone (the ceiling), the pipeline and a naive loop, with the ratios.""",
+    "serve-cameras": """
+  drivepercept serve-cameras sample_videos/rig.toml --port 8554
+Each camera is at http://127.0.0.1:PORT/<name>.mjpg; runs until Ctrl-C or SIGTERM.""",
+    "report": """
+  drivepercept report runs/replay-20261130-101500 --budget-ms 66
+  drivepercept report runs/fp32 --compare runs/fp16
+A killed run or corrupt lines still get a report of what is there (exit 1, problems named).""",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line: 'drivepercept simulate: error: ...'."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _flags(p: argparse.ArgumentParser, *specs: tuple[str, Any, str]) -> None:
+    """(flag, type or action, help) triples: typed values, or "on/off" switches."""
+    for flag, kind, help_text in specs:
+        if kind == "switch":
+            p.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
+        elif kind == "store_true":
+            p.add_argument(flag, action="store_true", help=help_text)
+        elif kind == "const":
+            p.add_argument(flag, action="store_const", const=True, help=help_text)
+        else:
+            p.add_argument(flag, type=kind, help=help_text)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sources", nargs="*", metavar="SOURCE", help="rig.toml, video, folder, ...")
+    _flags(
+        p,
+        ("--rig", str, "a rig file (same as giving it as a SOURCE)"),
+        ("--config", Path, "TOML file with the same keys as the flags"),
+        ("--model", str, f"registry name or package.module:factory (default {DEFAULT_MODEL})"),
+        ("--weights", str, "DEFAULT (bundled / downloaded), a state-dict path, or none"),
+        ("--device", str, "auto, cpu, cuda or cuda:N (default auto)"),
+        ("--batch-timeout-ms", float, "partial batch after this wait (default 20)"),
+        ("--precision", str, "fp32, fp16 or bf16 (default fp32)"),
+        ("--channels-last", "switch", "NHWC memory format for the model (default on)"),
+        ("--warmup", "switch", "a full and a one-frame batch before capture (default on)"),
+        ("--score-threshold", float, "default 0.3"),
+        ("--queue-capacity", int, "frames waiting per camera (default 4; live 1)"),
+        ("--max-frames", int, "stop each camera after N frames"),
+        ("--sample-hz", float, "GPU/CPU load samples per second, 0 = off (default 10)"),
+        ("--no-progress", "store_true", "no progress bar"),
+    )
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    _flags(
+        p,
+        ("--out", Path, "folder for run folders (default runs/)"),
+        ("--name", str, "run folder name (default <mode>-<date>-<time>)"),
+        ("--save-video", "const", "also write annotated videos, one per camera"),
+        ("--mosaic", "const", "with --save-video: one tiled video of all cameras"),
+        ("--budget-ms", float, "latency budget of the report's deadline misses (default 100)"),
+        ("--report", str, "report files: html,json,csv,trace (default all)"),
+        ("--duration", float, "stop after this many seconds"),
+        ("--show", "store_true", "a live window with every camera (q to stop)"),
+        ("--metrics-port", int, "serve Prometheus metrics on http://127.0.0.1:PORT/metrics"),
+        ("--metrics-linger-s", float, "keep /metrics up this long after the run (default 0)"),
+        ("--reconnect-initial-s", float, "live: first wait before reconnecting (0.25)"),
+        ("--reconnect-max-s", float, "live: longest wait between attempts (4)"),
+        ("--reconnect-attempts", int, "live: failures in a row before giving up, 0 = never (8)"),
+        ("--open-timeout-s", float, "live: how long one connection attempt may take (5)"),
+        ("--read-timeout-s", float, "live: a stream silent this long is lost (2)"),
+    )
+    p.add_argument("--no-report", dest="report", action="store_const", const="", help="no report")
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="drivepercept",
+        description="Real-time multi-camera object detection with honest latency reports.",
+    )
+    parser.add_argument("--version", action="version", version=f"drivepercept {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog="examples:" + EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    sim = command("simulate", "render a synthetic multi-camera drive with exact ground truth")
+    sim.add_argument("--out", required=True, type=Path, help="output folder (created)")
+    sim.add_argument("--cameras", type=int, default=6, help="1-12 (6: nuScenes layout)")
+    sim.add_argument("--seconds", type=float, default=8.0, help="clip length (default 8)")
+    sim.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
+    sim.add_argument("--size", default="640x360", help="WIDTHxHEIGHT, even (default 640x360)")
+    sim.add_argument("--seed", type=int, default=0, help="world seed (default 0)")
+    sim.add_argument("--no-noise", action="store_true", help="no sensor noise and blur")
+
+    rep = command("replay", "run detection over a recorded multi-camera drive")
+    _model_args(rep)
+    _run_args(rep)
+    rep.add_argument("--realtime", action="store_true", help="pace files as live cameras")
+
+    liv = command("live", "run detection on live cameras and streams (device, /dev/video, URL)")
+    _model_args(liv)
+    _run_args(liv)
+    liv.add_argument("--camera", action="append", default=[], metavar="NAME=SOURCE")
+
+    ev = command("eval", "COCO mAP of a model on a clip with ground truth")
+    _model_args(ev)
+    _flags(
+        ev,
+        ("--ground-truth", Path, "COCO ground truth (default: ground_truth.json beside the rig)"),
+        ("--out", Path, "folder for run folders (default runs/)"),
+        ("--name", str, "run folder name (default eval-<date>-<time>)"),
+    )
+    ev.add_argument("--min-visibility", type=float, default=0.3, help="(default 0.3)")
+    ev.add_argument("--min-height-px", type=float, default=12.0, help="(default 12)")
+
+    ben = command("bench", "model ceiling vs pipeline vs naive loop, on one machine")
+    _model_args(ben)
+    ben.add_argument("--frames", type=int, default=30, help="frames per camera (default 30)")
+    ben.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+
+    srv = command("serve-cameras", "serve videos as live MJPEG cameras on 127.0.0.1 (tests)")
+    srv.add_argument("sources", nargs="+", metavar="SOURCE", help="rig.toml, videos, folders")
+    srv.add_argument("--port", type=int, default=8554, help="TCP port (default 8554; 0 = any)")
+    srv.add_argument("--fps", type=float, help="frames per second (default: each file's own)")
+
+    rpt = command("report", "latency report of a run folder (HTML, JSON, CSV, trace)")
+    rpt.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder (runs/<name>)")
+    rpt.add_argument("--format", dest="report", default="html,json,csv,trace", help="(all)")
+    rpt.add_argument("--budget-ms", type=float, default=100.0, help="deadline (default 100)")
+    rpt.add_argument("--compare", type=Path, metavar="RUN_B", help="compare with RUN_B (B / A)")
+    return parser

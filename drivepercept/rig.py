@@ -1,0 +1,489 @@
+"""Cameras, rigs and the rig file (`rig.toml`), and the one source -> camera resolver.
+
+A rig is the set of cameras on one vehicle. Each camera has a name, optionally a video it was
+recorded to, its frame rate and resolution, and where the geometry is known (always for
+simulated rigs) its pinhole intrinsics and its mount on the ego vehicle. The same file is
+written by `drivepercept simulate` and read by every command that replays a drive.
+
+Conventions, written once:
+
+* Ego frame: x forward, y left, z up, metres, origin on the ground under the rear axle.
+* A camera's yaw turns it to the left (0 looks forward, 90 left, 180 back, -90 right);
+  pitch tilts it down (positive looks at the ground).
+* Camera frame (OpenCV): x right, y down, z along the optical axis.
+* Intrinsics: pixel centres at integer coordinates + 0.5 are not used; (u, v) = (fx x/z + cx,
+  fy y/z + cy) with pixel i covering [i, i + 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from drivepercept.errors import ConfigError, OutputError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+MAX_CAMERAS = 12
+MIN_SIZE_PX = 32
+MAX_SIZE_PX = 8192
+MAX_FPS = 240.0
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def check_camera_count(count: int) -> int:
+    """Return `count` if a rig may have that many cameras, else raise ConfigError."""
+    if not 1 <= count <= MAX_CAMERAS:
+        raise ConfigError(f"camera count must be between 1 and {MAX_CAMERAS}, got {count}")
+    return count
+
+
+def check_fps(fps: float) -> float:
+    """Return `fps` if it is a usable frame rate, else raise ConfigError."""
+    if not (math.isfinite(fps) and 0.0 < fps <= MAX_FPS):
+        raise ConfigError(f"fps must be > 0 and <= {MAX_FPS:g}, got {fps:g}")
+    return fps
+
+
+def check_size(width: int, height: int) -> tuple[int, int]:
+    """Return (width, height) if it is a usable frame size, else raise ConfigError."""
+    if not (MIN_SIZE_PX <= width <= MAX_SIZE_PX and MIN_SIZE_PX <= height <= MAX_SIZE_PX):
+        raise ConfigError(
+            f"frame size must be between {MIN_SIZE_PX}x{MIN_SIZE_PX} and "
+            f"{MAX_SIZE_PX}x{MAX_SIZE_PX} pixels, got {width}x{height}"
+        )
+    return width, height
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """Parse 'WIDTHxHEIGHT' (e.g. '640x360') and check it."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if match is None:
+        raise ConfigError(f"size must look like WIDTHxHEIGHT (e.g. 640x360), got {text!r}")
+    return check_size(int(match.group(1)), int(match.group(2)))
+
+
+@dataclass(frozen=True)
+class Intrinsics:
+    """Pinhole intrinsics in pixels (no lens distortion)."""
+
+    fx: float
+    fy: float
+    cx: float
+    cy: float
+
+    def __post_init__(self) -> None:
+        for key in ("fx", "fy"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"intrinsics.{key} must be a positive number, got {value}")
+        for key in ("cx", "cy"):
+            if not math.isfinite(getattr(self, key)):
+                raise ConfigError(f"intrinsics.{key} must be finite, got {getattr(self, key)}")
+
+    @classmethod
+    def from_fov(cls, *, width: int, height: int, fov_deg: float) -> Intrinsics:
+        """Square pixels, principal point at the centre, horizontal field of view `fov_deg`."""
+        if not 1.0 <= fov_deg <= 170.0:
+            raise ConfigError(f"horizontal field of view must be in [1, 170] deg, got {fov_deg}")
+        fx = (width / 2.0) / math.tan(math.radians(fov_deg) / 2.0)
+        return cls(fx=fx, fy=fx, cx=width / 2.0, cy=height / 2.0)
+
+    def hfov_deg(self, width: int) -> float:
+        """Horizontal field of view for an image `width` pixels wide."""
+        left = math.atan(self.cx / self.fx)
+        right = math.atan((width - self.cx) / self.fx)
+        return math.degrees(left + right)
+
+
+@dataclass(frozen=True)
+class Extrinsics:
+    """Where a camera sits on the ego vehicle and which way it looks."""
+
+    position_m: tuple[float, float, float]
+    yaw_deg: float
+    pitch_deg: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.position_m) != 3 or not all(math.isfinite(v) for v in self.position_m):
+            raise ConfigError(
+                f"extrinsics.position_m must be 3 finite numbers, got {self.position_m!r}"
+            )
+        if not (math.isfinite(self.yaw_deg) and math.isfinite(self.pitch_deg)):
+            raise ConfigError("extrinsics yaw_deg and pitch_deg must be finite")
+        if not -89.0 <= self.pitch_deg <= 89.0:
+            raise ConfigError(f"extrinsics.pitch_deg must be in [-89, 89], got {self.pitch_deg}")
+
+
+@dataclass(frozen=True)
+class CameraConfig:
+    """One camera of a rig. Geometry is optional for recorded rigs, required for simulation."""
+
+    name: str
+    video: Path | None = None  # a recorded video file
+    fps: float | None = None
+    width: int | None = None
+    height: int | None = None
+    intrinsics: Intrinsics | None = None
+    extrinsics: Extrinsics | None = None
+    source: str | None = None  # a live source: device index, /dev/videoN or stream URL
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ConfigError(
+                "camera name must be 1-64 letters, digits, '_' or '-' (starting with a letter "
+                f"or digit), got {self.name!r}"
+            )
+        if self.fps is not None:
+            check_fps(self.fps)
+        if (self.width is None) != (self.height is None):
+            raise ConfigError(f"camera {self.name!r}: give both width and height, or neither")
+        if self.width is not None and self.height is not None:
+            check_size(self.width, self.height)
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """(width, height) in pixels, when known."""
+        if self.width is None or self.height is None:
+            return None
+        return self.width, self.height
+
+
+@dataclass(frozen=True)
+class RigConfig:
+    """The cameras of one vehicle, in a fixed order (the batch order of the pipeline)."""
+
+    cameras: tuple[CameraConfig, ...]
+    source_path: Path | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        check_camera_count(len(self.cameras))
+        names = [camera.name for camera in self.cameras]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ConfigError(f"camera names must be unique, repeated: {', '.join(duplicates)}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Camera names in rig order."""
+        return tuple(camera.name for camera in self.cameras)
+
+    def camera(self, name: str) -> CameraConfig:
+        """The camera called `name`; ConfigError naming the known cameras otherwise."""
+        for camera in self.cameras:
+            if camera.name == name:
+                return camera
+        raise ConfigError(f"no camera {name!r} in rig; cameras are: {', '.join(self.names)}")
+
+
+# --------------------------------------------------------------------------- reading
+
+_CAMERA_KEYS = {"name", "video", "source", "fps", "width", "height", "intrinsics", "extrinsics"}
+
+
+def _table(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
+    return value
+
+
+def _number(table: Mapping[str, Any], key: str, where: str) -> float:
+    value = table.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}.{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(table: Mapping[str, Any], key: str, where: str) -> int:
+    value = table.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}.{key} must be an integer, got {value!r}")
+    return value
+
+
+def read_toml(path: Path, *, what: str) -> dict[str, Any]:
+    """Parse a TOML file; every failure is a one-line ConfigError naming `what` and the path."""
+    try:
+        with path.open("rb") as fh:
+            return dict(tomllib.load(fh))
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} is a directory, expected a .toml file: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+
+
+def _camera_from_table(raw: object, index: int, base_dir: Path) -> CameraConfig:
+    where = f"cameras[{index}]"
+    table = _table(raw, where)
+    unknown = sorted(set(table) - _CAMERA_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown keys {unknown}; expected some of {sorted(_CAMERA_KEYS)}"
+        )
+    name = table.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}.name must be a string, got {name!r}")
+    where = f"camera {name!r}"
+    video: Path | None = None
+    if "video" in table:
+        if not isinstance(table["video"], str) or not table["video"]:
+            raise ConfigError(f"{where}: video must be a non-empty path, got {table['video']!r}")
+        video = Path(table["video"])
+        if not video.is_absolute():
+            video = base_dir / video
+    source = table.get("source")
+    if source is not None and (not isinstance(source, str) or not source):
+        raise ConfigError(f"{where}: source must be a device or URL string, got {source!r}")
+    fps = _number(table, "fps", where) if "fps" in table else None
+    width = _integer(table, "width", where) if "width" in table else None
+    height = _integer(table, "height", where) if "height" in table else None
+    intrinsics = None
+    if "intrinsics" in table:
+        t = _table(table["intrinsics"], f"{where}.intrinsics")
+        intrinsics = Intrinsics(
+            fx=_number(t, "fx", f"{where}.intrinsics"),
+            fy=_number(t, "fy", f"{where}.intrinsics"),
+            cx=_number(t, "cx", f"{where}.intrinsics"),
+            cy=_number(t, "cy", f"{where}.intrinsics"),
+        )
+    extrinsics = None
+    if "extrinsics" in table:
+        t = _table(table["extrinsics"], f"{where}.extrinsics")
+        position = t.get("position_m")
+        if not isinstance(position, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in position
+        ):
+            raise ConfigError(f"{where}.extrinsics.position_m must be [x, y, z], got {position!r}")
+        extrinsics = Extrinsics(
+            position_m=tuple(float(v) for v in position),  # type: ignore[arg-type]
+            yaw_deg=_number(t, "yaw_deg", f"{where}.extrinsics"),
+            pitch_deg=_number(t, "pitch_deg", f"{where}.extrinsics") if "pitch_deg" in t else 0.0,
+        )
+    return CameraConfig(
+        name=name,
+        video=video,
+        fps=fps,
+        width=width,
+        height=height,
+        intrinsics=intrinsics,
+        extrinsics=extrinsics,
+        source=source,
+    )
+
+
+def load_rig(path: str | Path) -> RigConfig:
+    """Read a rig file. Relative video paths are resolved against the file's folder.
+
+    Raises:
+        ConfigError: the file is missing, is not TOML, or a camera entry is invalid.
+    """
+    path = Path(path)
+    data = read_toml(path, what="rig file")
+    cameras = data.get("cameras")
+    if not isinstance(cameras, list) or not cameras:
+        raise ConfigError(f"rig file {path} has no [[cameras]] entries")
+    base_dir = path.resolve().parent
+    try:
+        return RigConfig(
+            cameras=tuple(_camera_from_table(raw, i, base_dir) for i, raw in enumerate(cameras)),
+            source_path=path,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"rig file {path}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _camera_to_table(camera: CameraConfig, base_dir: Path) -> dict[str, Any]:
+    table: dict[str, Any] = {"name": camera.name}
+    if camera.video is not None:
+        video = camera.video
+        with contextlib.suppress(ValueError):
+            video = video.resolve().relative_to(base_dir.resolve())
+        table["video"] = video.as_posix()
+    if camera.source is not None:
+        table["source"] = camera.source
+    if camera.fps is not None:
+        table["fps"] = camera.fps
+    if camera.width is not None and camera.height is not None:
+        table["width"] = camera.width
+        table["height"] = camera.height
+    if camera.intrinsics is not None:
+        k = camera.intrinsics
+        table["intrinsics"] = {
+            "fx": round(k.fx, 6),
+            "fy": round(k.fy, 6),
+            "cx": round(k.cx, 6),
+            "cy": round(k.cy, 6),
+        }
+        if camera.width is not None:
+            table["intrinsics"]["hfov_deg"] = round(k.hfov_deg(camera.width), 4)
+    if camera.extrinsics is not None:
+        e = camera.extrinsics
+        table["extrinsics"] = {
+            "position_m": [round(v, 6) for v in e.position_m],
+            "yaw_deg": round(e.yaw_deg, 6),
+            "pitch_deg": round(e.pitch_deg, 6),
+        }
+    return table
+
+
+def write_rig(
+    rig: RigConfig, path: str | Path, *, extra: Mapping[str, Mapping[str, Any]] | None = None
+) -> Path:
+    """Write `rig` as TOML; videos are stored relative to the file's folder when inside it.
+
+    Args:
+        rig: the cameras to write.
+        path: the file to write.
+        extra: additional top-level tables (e.g. how a simulated rig was made); readers ignore
+            them.
+    """
+    path = Path(path)
+    data: dict[str, Any] = {}
+    for key, table in (extra or {}).items():
+        data[key] = dict(table)
+    data["cameras"] = [_camera_to_table(c, path.parent) for c in rig.cameras]
+    # Hand-editing hints are cheaper to read than a schema document.
+    header = (
+        "# drivepercept rig: one [[cameras]] entry per camera, in batch order.\n"
+        "# Ego frame: x forward, y left, z up (m). yaw_deg turns left, pitch_deg tilts down.\n"
+        "# Intrinsics are pinhole pixels: u = fx*x/z + cx, v = fy*y/z + cy (OpenCV camera frame).\n"
+    )
+    try:
+        import tomli_w  # only here: reading configs and running needs no TOML writer
+
+        path.write_text(header + tomli_w.dumps(data), encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write rig file {path}: {exc.strerror or exc}") from None
+    return path
+
+
+# --------------------------------------------------------------------------- sources -> cameras
+
+VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm", ".ts"})
+STREAM_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://", "rtmp://")
+
+
+def is_stream(source: str) -> bool:
+    """A network stream OpenCV's FFmpeg backend opens."""
+    return source.lower().startswith(STREAM_PREFIXES)
+
+
+def is_device(source: str) -> bool:
+    """A camera device: an index ("0") or a V4L2 path ("/dev/video0")."""
+    return source.isdigit() or source.startswith("/dev/video")
+
+
+def safe_name(text: str) -> str:
+    """A camera name from free text: characters other than letters, digits, `_` and `-`
+    become `_`, at most 64 characters ("camera" when nothing is left)."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", text).strip("_-") or "camera"
+    return name[:64]
+
+
+def _rig_cameras(path: Path, *, live: bool) -> list[CameraConfig]:
+    cams = []
+    for cam in load_rig(path).cameras:
+        if cam.video is None and (not live or cam.source is None):
+            what = "a source or a video" if live else "a video"
+            raise ConfigError(f"camera {cam.name!r} in {path} has no {what}")
+        cams.append(cam)
+    return cams
+
+
+def resolve_cameras(
+    items: Sequence[str], *, live: bool = False, folders_of_videos: bool = False
+) -> tuple[CameraConfig, ...]:
+    """Sources -> named cameras, in the order given: the one resolver of every mode.
+
+    Rules, the same for replay, live and `serve-cameras`:
+
+    * `*.toml`: a rig file; its cameras in order (a camera needs a `video`; live mode also
+      takes a camera's `source`, preferred over its video).
+    * `NAME=SOURCE`: a camera called NAME reading SOURCE (a file, folder, device or URL).
+    * a device ("0", "/dev/video0") or stream URL: a live camera named cam1, cam2, ... by
+      position.
+    * a folder: with `folders_of_videos` (serve-cameras) each video in it (sorted) is a
+      camera; otherwise the folder of images is one camera.
+    * any other path: a video file, one camera named after its file stem.
+
+    Names are made safe (`safe_name`). A repeated name gets `_2`, `_3`, ... except a name
+    given explicitly (NAME=SOURCE or a rig's), which must be unique. At most MAX_CAMERAS.
+
+    Raises:
+        ConfigError: no sources, a bad rig, a camera without a video, a repeated explicit
+            name, too many cameras.
+    """
+    if not items:
+        raise ConfigError("give at least one source: a rig.toml, a video, a folder or a URL")
+    cams: list[tuple[CameraConfig, bool]] = []  # (camera, name given explicitly)
+    for item in items:
+        if item.lower().endswith(".toml") and "://" not in item:
+            cams += [(c, True) for c in _rig_cameras(Path(item), live=live)]
+            continue
+        name, sep, source = item.partition("=")
+        if sep and name and "://" not in name and "/" not in name:
+            if not source:
+                raise ConfigError(f"camera {item!r}: expected NAME=SOURCE, the source is empty")
+            cams.append((_camera(safe_name(name), source), True))
+            continue
+        if is_stream(item) or is_device(item):
+            cams.append((CameraConfig(name=f"cam{len(cams) + 1}", source=item), False))
+            continue
+        path = Path(item)
+        if folders_of_videos and path.is_dir():
+            videos = sorted(
+                p for p in path.iterdir() if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES
+            )
+            if not videos:
+                kinds = ", ".join(sorted(VIDEO_SUFFIXES))
+                raise ConfigError(f"expected videos ({kinds}) in {path}, got none")
+            cams += [(CameraConfig(name=safe_name(v.stem), video=v), False) for v in videos]
+            continue
+        stem = path.stem if path.suffix else path.name
+        cams.append((CameraConfig(name=safe_name(stem), video=path), False))
+    explicit = [c.name for c, given in cams if given]
+    repeated = sorted({n for n in explicit if explicit.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"camera names must be unique, got {repeated} more than once")
+    seen: dict[str, int] = {}
+    unique = []
+    for cam, _ in cams:
+        n = seen.get(cam.name, 0)
+        seen[cam.name] = n + 1
+        unique.append(cam if n == 0 else replace(cam, name=f"{cam.name}_{n + 1}"))
+    if len(unique) > MAX_CAMERAS:
+        raise ConfigError(f"at most {MAX_CAMERAS} cameras, got {len(unique)}")
+    return tuple(unique)
+
+
+def _camera(name: str, source: str) -> CameraConfig:
+    """NAME=SOURCE: a live source (device, URL) or a recorded one (file, folder)."""
+    if is_stream(source) or is_device(source):
+        return CameraConfig(name=name, source=source)
+    return CameraConfig(name=name, video=Path(source))
+
+
+def camera_source(cam: CameraConfig) -> str:
+    """What a camera reads: its live source, else its video file."""
+    if cam.source is not None:
+        return cam.source
+    if cam.video is None:
+        raise ConfigError(f"camera {cam.name!r} has neither a source nor a video")
+    return str(cam.video)

@@ -1,0 +1,123 @@
+"""A run in words, for a terminal: the progress bar and status line, the summary table, the
+report's key figures. The CLI prints these; a Python caller may too."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from drivepercept.pipeline import Pipeline
+from drivepercept.report import ReportResult
+from drivepercept.run.job import RunResult
+from drivepercept.types import CameraSnapshot, LoadSample
+
+log = logging.getLogger("drivepercept")
+
+
+def status_line(cameras: Sequence[CameraSnapshot], load: LoadSample | None) -> str:
+    """Per-camera fps and p95 latency over the last second, and the load: one line."""
+    cams = " ".join(
+        f"{c.name} {c.fps:.1f}/{'-' if math.isnan(c.p95_ms) else f'{c.p95_ms:.0f}'}"
+        for c in cameras
+    )
+    if load is None:
+        tail = ""
+    elif load.gpus:
+        tail = " | " + " ".join(
+            f"GPU{k} {g.util_pct:.0f}% {g.mem_used_bytes / 2**20:.0f} MB"
+            for k, g in enumerate(load.gpus)
+        )
+    else:
+        tail = f" | CPU {load.system_cpu_pct:.0f}% of {len(load.per_core_cpu_pct)} cores"
+    return f"fps/p95 ms: {cams}{tail}"
+
+
+class Progress:
+    """Progress on stderr: a bar and, once a second, a status line. Drawn in place on a
+    terminal; with `log_status` and no terminal, the status line is logged instead."""
+
+    def __init__(self, *, enabled: bool, log_status: bool = False, out: TextIO = sys.stderr):
+        self.total: int | None = None
+        self.enabled = enabled
+        self.log_status = log_status and not enabled
+        self.out = out
+        self.started = time.monotonic()
+        self.last_status = 0.0
+        self.status = ""
+        self.drawn = False
+
+    def __call__(self, pipeline: Pipeline) -> None:
+        if not (self.enabled or self.log_status):
+            return
+        now = time.monotonic()
+        if now - self.last_status >= 1.0:
+            self.last_status = now
+            self.status = status_line(pipeline.cameras(), pipeline.latest_load())
+            if self.log_status:
+                log.info("%s", self.status)
+        if not self.enabled:
+            return
+        if self.total is None:
+            self.total = pipeline.expected_frames()
+        done = sum(pipeline.frames_done())
+        elapsed = max(now - self.started, 1e-9)
+        if self.total and self.total > 0:
+            bar = "#" * int(min(done / self.total, 1.0) * 30)
+            text = f"[{bar:<30}] {done}/{self.total} frames"
+        else:
+            text = f"{done} frames"
+        # two lines, redrawn in place: the bar, then the status line; the cursor goes back up
+        self.out.write(
+            f"\r\x1b[K{text}  {done / elapsed:6.1f} frames/s\n\x1b[K{self.status}\x1b[1A\r"
+        )
+        self.out.flush()
+        self.drawn = True
+
+    def finish(self) -> None:
+        if self.enabled and self.drawn:
+            self.out.write("\n\n")
+
+
+def summary_table(result: RunResult) -> str:
+    """Per camera frames, fps and latency percentiles, and a line for the whole run."""
+    width = max(6, *(len(c.name) for c in result.stats.cameras))
+    rows = [
+        f"{'camera':<{width}} {'frames':>7} {'fps':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}"
+    ]
+    for cam in result.stats.cameras:
+        lat = cam.latency_ms
+        p50, p95, p99 = (
+            "-" if math.isnan(lat[k]) else f"{lat[k]:.1f}" for k in ("p50", "p95", "p99")
+        )
+        rows.append(
+            f"{cam.name:<{width}} {cam.frames:>7d} {cam.fps:>7.1f} {p50:>8} {p95:>8} {p99:>8}"
+        )
+    s = result.stats
+    rows.append(
+        f"{'all':<{width}} {s.frames:>7d} {s.throughput_fps:>7.1f}   "
+        f"({s.batches} batches, {s.partial_batches} partial, mean size "
+        f"{s.mean_batch_size:.2f}, device {s.device})"
+    )
+    failed = {n: r["failed"] for n, r in (result.record.sinks or {}).items() if r.get("failed")}
+    rows += [f"output {name} failed (set aside): {why}" for name, why in failed.items()]
+    return "\n".join(rows)
+
+
+def report_lines(report: ReportResult) -> list[str]:
+    """Where the report went and its key figures."""
+    lines = [f"report: {', '.join(p.name for p in report.files)} in {report.run_dir}"]
+    s = report.summary
+    e2e, deadline = s["end_to_end_ms"], s["deadline"]
+    if e2e["count"]:
+        lines.append(
+            f"end-to-end p50 {e2e['p50_ms']:.1f} ms, p99 {e2e['p99_ms']:.1f} ms; "
+            f"{deadline['misses']}/{deadline['frames']} frames over {deadline['budget_ms']:g} ms"
+        )
+    reason = s["load"]["gpu_unavailable"]
+    if reason:
+        lines.append(f"GPU metrics unavailable: {reason}")
+    return lines

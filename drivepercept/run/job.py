@@ -1,0 +1,228 @@
+"""`run(options)`: sources -> pipeline -> a run folder, for replay, real-time replay and live.
+
+Everything that can fail on bad input (sources, settings, device, model, weights, metrics
+port) is checked before the run folder is made, so a failed start leaves no half-made run
+behind. Once it exists, the folder is complete however the run ends (complete, interrupted,
+failed): run.json says which, and the latency report covers what was processed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drivepercept.errors import one_line
+from drivepercept.models import load_detector
+from drivepercept.models.base import Detector
+from drivepercept.pipeline import Pipeline
+from drivepercept.report import ReportResult, write_report
+from drivepercept.rig import CameraConfig, resolve_cameras
+from drivepercept.run.options import Mode, RunOptions
+from drivepercept.run.record import final_record, first_record
+from drivepercept.rundir import RunDir, RunRecord, make_run_dir
+from drivepercept.sinks import AnnotatedVideoSink, DetectionsJsonlSink, FrameTimingCsvSink
+from drivepercept.sinks.base import Sink
+from drivepercept.sinks.display import DisplaySink
+from drivepercept.sinks.fanout import OnFailure, SinkPolicy, SinkSet
+from drivepercept.sinks.load import LoadCsvSink
+from drivepercept.sinks.metrics import MetricsExporter
+from drivepercept.sources.open import open_cameras
+from drivepercept.telemetry.counters import CameraStats, RunStats
+from drivepercept.types import CameraState, DropPolicy
+
+log = logging.getLogger(__name__)
+
+# the run's own record of every frame: if it cannot be written, the run stops
+ESSENTIAL = SinkPolicy(on_failure=OnFailure.STOP)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended, and where its folder is."""
+
+    run_dir: Path
+    record: RunRecord
+    stats: RunStats
+    cameras: tuple[CameraConfig, ...]
+    report: ReportResult | None = None
+    failed_cameras: tuple[str, ...] = ()  # live cameras that gave up reconnecting
+    error: str | None = None  # why the run counts as failed (every camera failed)
+
+    @property
+    def short_cameras(self) -> list[CameraStats]:
+        """Cameras whose video ended before the frame count its container announced."""
+        return [c for c in self.stats.cameras if c.short_by]
+
+    def detections(self) -> Iterator[dict[str, Any]]:
+        """The run's detections.jsonl, one dict per camera frame, in emission order."""
+        with RunDir(self.run_dir).detections_jsonl.open(encoding="utf-8") as lines:
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def has_display() -> bool:
+    """A window only where there is a display: OpenCV's Qt GUI aborts the whole process when
+    it finds none, so without one the run goes on without a window (and says so)."""
+    if sys.platform.startswith("linux") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    ):
+        log.warning("--show: no display (DISPLAY is not set); running without a window")
+        return False
+    return True
+
+
+def _video_policy(mode: Mode) -> SinkPolicy:
+    # replay keeps every frame in the video (the pipeline waits for the encoder); live drops
+    # the oldest waiting frames instead of holding up detection
+    when_full = DropPolicy.BLOCK if mode is Mode.REPLAY else DropPolicy.DROP_OLDEST
+    return SinkPolicy(slow=True, when_full=when_full)
+
+
+def run(
+    options: RunOptions,
+    *,
+    progress: Callable[[Pipeline], None] | None = None,
+    detector: Detector | None = None,
+    sinks: Sequence[tuple[Sink, SinkPolicy]] = (),
+) -> RunResult:
+    """Run the sources through the detector into a new run folder.
+
+    Args:
+        options: what to run.
+        progress: called every half second with the running pipeline (a progress display).
+        detector: an already-built detector (else `options.model` is loaded).
+        sinks: more result writers, each with its policy, beside the run folder's own.
+
+    Raises:
+        DrivePerceptError: bad input (one clear line), or a failed stage (`PipelineError`).
+    """
+    cams = resolve_cameras(options.sources, live=options.mode is Mode.LIVE)
+    config = options.pipeline()
+    capture_stop = threading.Event()
+    readers = open_cameras(
+        cams,
+        paced=options.mode is not Mode.REPLAY,
+        policy=options.reconnect,
+        stop=capture_stop,
+    )
+    names = [c.name for c in cams]
+    sink_set = SinkSet()
+    exporter: MetricsExporter | None = None
+    pipeline: Pipeline | None = None
+    try:
+        det = detector or load_detector(options.model, weights=options.weights)
+        pipeline = Pipeline(
+            cameras=list(zip(names, readers, strict=True)),
+            detector=det,
+            config=config,
+            sinks=sink_set,
+            keep_original=options.save_video or options.show,
+            capture_stop=capture_stop,
+        )
+        if options.metrics_port is not None:
+            exporter = MetricsExporter(
+                port=options.metrics_port, cameras=names, poll=pipeline.cameras
+            )
+            sink_set.add(exporter.frames_sink, name="metrics")
+            pipeline.add_load_sink(exporter.load_sink)
+        run_dir = make_run_dir(options.out_root, options.name, prefix=options.mode.value)
+        sink_set.add(DetectionsJsonlSink(run_dir.detections_jsonl), ESSENTIAL, name="detections")
+        sink_set.add(FrameTimingCsvSink(run_dir.frames_csv), ESSENTIAL, name="frames")
+        if config.sample_hz > 0:
+            pipeline.add_load_sink(LoadCsvSink(run_dir.load_csv))
+        if options.show and has_display():
+            display = DisplaySink(names, on_quit=pipeline.stop_capture)
+            sink_set.add(display, SinkPolicy(slow=True, queue_batches=2), name="display")
+        if options.save_video:
+            fps = {c.name: r.info.fps or 15.0 for c, r in zip(cams, readers, strict=True)}
+            video = AnnotatedVideoSink(
+                run_dir.video_dir, fps=fps, mosaic=options.mosaic, cameras=len(cams)
+            )
+            sink_set.add(video, _video_policy(options.mode), name="video")
+        for sink, policy in sinks:
+            sink_set.add(sink, policy)
+    except BaseException:
+        for r in readers:
+            r.close()
+        if pipeline is not None:
+            pipeline.close()
+        else:
+            sink_set.close()
+        if exporter is not None:
+            exporter.close()
+        raise
+    try:
+        return _run(options, pipeline, run_dir, cams, readers, progress)
+    finally:
+        if exporter is not None:
+            exporter.close()
+
+
+def _run(
+    options: RunOptions,
+    pipeline: Pipeline,
+    run_dir: RunDir,
+    cams: tuple[CameraConfig, ...],
+    readers: Sequence[Any],
+    progress: Callable[[Pipeline], None] | None,
+) -> RunResult:
+    record = first_record(options, pipeline.detector, pipeline, cams, readers)
+    try:
+        run_dir.write_record(record)
+        stats = pipeline.run(progress=progress, duration_s=options.duration_s)
+    except BaseException as exc:
+        pipeline.close()
+        why = one_line(f"{type(exc).__name__}: {exc}")
+        record = final_record(
+            record, pipeline, cams, readers, pipeline.stats(), status="failed", error=why
+        )
+        run_dir.write_record(record)
+        try:
+            _report(run_dir, options)
+        except Exception as report_exc:  # the run's own error is the one to report
+            log.error("the report of the failed run could not be written: %s", report_exc)
+        raise
+    snapshots = pipeline.cameras()
+    failed = tuple(s.name for s in snapshots if s.state is CameraState.FAILED)
+    status = "interrupted" if stats.interrupted else "complete"
+    error: str | None = None
+    if failed and len(failed) == len(cams):
+        status = "failed"
+        reasons = [
+            f"{s.name}: {s.reader.changes[-1].detail if s.reader.changes else 'failed'}"
+            for s in snapshots
+        ]
+        error = "every camera failed: " + "; ".join(reasons)
+    record = final_record(record, pipeline, cams, readers, stats, status=status, error=error)
+    run_dir.write_record(record)
+    report = _report(run_dir, options)
+    if options.metrics_port is not None and options.metrics_linger_s > 0:
+        log.info("keeping /metrics up for %.1f s", options.metrics_linger_s)
+        time.sleep(options.metrics_linger_s)
+    return RunResult(
+        run_dir=run_dir.path,
+        record=record,
+        stats=stats,
+        cameras=cams,
+        report=report,
+        failed_cameras=failed,
+        error=error,
+    )
+
+
+def _report(run_dir: RunDir, options: RunOptions) -> ReportResult | None:
+    if not options.report_formats:
+        return None
+    started = time.monotonic()
+    report = write_report(run_dir.path, formats=options.report_formats, budget_ms=options.budget_ms)
+    log.info("report written in %.2f s", time.monotonic() - started)
+    return report

@@ -1,0 +1,139 @@
+"""What a run is asked to do: `RunOptions`, and the `Mode` whose policies fill in what the
+user did not set."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drivepercept.config import PipelineConfig, ReconnectPolicy
+from drivepercept.engine.device import resolve_device
+from drivepercept.errors import ConfigError
+from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
+
+DEFAULT_MODEL = "drivepercept-tiny"
+PIPELINE_KEYS = frozenset(f.name for f in dataclasses.fields(PipelineConfig))
+
+
+class Mode(enum.Enum):
+    """How sources are read.
+
+    REPLAY: files, every frame, as fast as the pipeline goes (`block`: no frame is lost).
+    REALTIME: files paced at their frame rate, as if they were cameras (live policies).
+    LIVE: devices and streams, which reconnect (live policies).
+    """
+
+    REPLAY = "replay"
+    REALTIME = "realtime"
+    LIVE = "live"
+
+    @property
+    def command(self) -> str:
+        """The command that runs this mode (what run.json says ran)."""
+        return {"replay": "replay", "realtime": "replay --realtime", "live": "live"}[self.value]
+
+    def policies(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The pipeline settings this mode chooses where `settings` has none.
+
+        Live and real-time runs take each camera's newest frame (a queue of one,
+        drop_oldest, every drop counted) and keep no batch waiting behind the ones in flight:
+        on a CPU, where nothing overlaps, one batch in flight and its staging slot held until
+        the model is done; on a GPU two, and one slot more to stage the next.
+        """
+        if self is Mode.REPLAY:
+            return {}
+        cpu = resolve_device(str(settings.get("device", "auto"))).type == "cpu"
+        in_flight = int(settings.get("max_in_flight", 1 if cpu else 2))
+        return {
+            "drop_policy": "drop_oldest",
+            "queue_capacity": 1,
+            "max_in_flight": in_flight,
+            "ring_slots": in_flight + (0 if cpu else 1),
+        }
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a replay, real-time replay or live run needs.
+
+    Attributes:
+        sources: rig files, videos, image folders, NAME=SOURCE items, devices or URLs
+            (resolved by `drivepercept.rig.resolve_cameras`).
+        mode: see `Mode` (a string is taken too).
+        model, weights: the detector (`drivepercept.models.load_detector`).
+        settings: `PipelineConfig` fields the caller chose; the mode fills in the rest.
+        out_root, name: the run folder is out_root/name (name defaults to <mode>-<date>-<time>).
+        save_video, mosaic: annotated videos, per camera or tiled.
+        report_formats: the latency report's files (() for none); budget_ms: its deadline.
+        duration_s: stop capture after this long (None: when the sources end).
+        reconnect: live cameras' backoff and timeouts.
+        metrics_port: serve Prometheus metrics on 127.0.0.1:port; metrics_linger_s keeps
+            them up after the run.
+        show: a live window (only where there is a display).
+        command: what run.json says ran (default: the mode's command).
+    """
+
+    sources: tuple[str, ...]
+    mode: Mode = Mode.REPLAY
+    model: str = DEFAULT_MODEL
+    weights: str | None = "DEFAULT"
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    out_root: Path = Path("runs")
+    name: str | None = None
+    save_video: bool = False
+    mosaic: bool = False
+    report_formats: tuple[str, ...] = ALL_FORMATS
+    budget_ms: float = DEFAULT_BUDGET_MS
+    duration_s: float | None = None
+    reconnect: ReconnectPolicy = field(default_factory=ReconnectPolicy)
+    metrics_port: int | None = None
+    metrics_linger_s: float = 0.0
+    show: bool = False
+    command: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "mode", Mode(self.mode))
+        except ValueError:
+            raise ConfigError(f"mode must be replay, realtime or live, got {self.mode!r}") from None
+        object.__setattr__(self, "sources", tuple(str(s) for s in self.sources))
+        object.__setattr__(self, "out_root", Path(self.out_root))
+        if not self.sources:
+            raise ConfigError("give at least one source: a rig.toml, a video, a folder or a URL")
+        unknown = sorted(set(self.settings) - PIPELINE_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown pipeline settings {unknown}")
+        if self.duration_s is not None and not (
+            math.isfinite(self.duration_s) and self.duration_s > 0
+        ):
+            raise ConfigError(f"duration must be > 0 s, got {self.duration_s:g}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics port must be 0..65535, got {self.metrics_port}")
+        if not self.metrics_linger_s >= 0:
+            raise ConfigError(f"metrics linger must be >= 0 s, got {self.metrics_linger_s:g}")
+        if not (math.isfinite(self.budget_ms) and self.budget_ms > 0):
+            raise ConfigError(f"budget must be > 0 ms, got {self.budget_ms:g}")
+        bad = [f for f in self.report_formats if f not in FORMATS]
+        if bad:
+            raise ConfigError(f"report formats are {', '.join(ALL_FORMATS)}, got {bad}")
+
+    @property
+    def run_command(self) -> str:
+        return self.command or self.mode.command
+
+    def pipeline(self) -> PipelineConfig:
+        """The pipeline settings: the caller's, over the mode's policies, over the defaults.
+
+        Raises:
+            ConfigError: a setting is invalid (or names a device that is not there).
+        """
+        chosen = {**self.mode.policies(self.settings), **self.settings}
+        try:
+            return PipelineConfig(**chosen)
+        except TypeError as exc:
+            raise ConfigError(f"bad pipeline setting: {exc}") from None

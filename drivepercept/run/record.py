@@ -1,0 +1,199 @@
+"""The run's record (run.json): built from the options, the pipeline and how the run ended.
+
+Sections (each a JSON object; `drivepercept.rundir.RunRecord` fixes the top level):
+
+- model: name, weights, input_size, classes_kept;
+- config: the `PipelineConfig` the run used;
+- sources: per camera: camera, source (credentials redacted), width, height, fps,
+  frame_count (the container's estimate, -1 unknown);
+- environment: versions, device, GPU name, CPU threads;
+- telemetry: the load sampler's info (rate, GPUs, why GPU metrics are unavailable, samples);
+- summary: frames, elapsed_s, throughput_fps, batches, partial_batches, mean_batch_size,
+  interrupted, threads_not_stopped, warmup [{batch_size, ms}], in_flight_high_water and per
+  camera frames, dropped, fps, frames_missing_from_source, discarded_at_stop, end_to_end_ms
+  {p50, p95, p99, max};
+- live (live and real-time runs): per camera source, state, connects, failed_attempts,
+  downtime_s, outage_s, frames_received, arrival_fps, frames_lost_estimate (outage x the
+  camera's own arrival rate), changes [{t_ns, state, detail}];
+- sinks: per output: slow, on_failure, frames_written, frames_dropped, queue_high_water,
+  failed (one line or null).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import platform
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+import torchvision
+
+from drivepercept import __version__
+from drivepercept.models.base import Detector
+from drivepercept.pipeline import Pipeline
+from drivepercept.rig import CameraConfig, camera_source
+from drivepercept.run.options import Mode, RunOptions
+from drivepercept.rundir import RunRecord, redact
+from drivepercept.sinks.fanout import SinkReport
+from drivepercept.sources.readers import FrameReader
+from drivepercept.telemetry.counters import RunStats
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Versions and device names."""
+    env: dict[str, Any] = {
+        "drivepercept": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "opencv": cv2.__version__,
+        "numpy": np.__version__,
+        "device": device,
+        "cpu_threads": torch.get_num_threads(),
+    }
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        env["cuda"] = torch.version.cuda
+        env["gpu"] = torch.cuda.get_device_name(index)
+    return env
+
+
+def _ms(values: dict[str, float]) -> dict[str, float | None]:
+    return {k: None if math.isnan(v) else round(v, 3) for k, v in values.items()}
+
+
+def stats_summary(stats: RunStats) -> dict[str, Any]:
+    """The pipeline's own account of the run (exact per-frame figures are in frames.csv)."""
+    return {
+        "frames": stats.frames,
+        "elapsed_s": round(stats.elapsed_s, 4),
+        "throughput_fps": round(stats.throughput_fps, 3),
+        "batches": stats.batches,
+        "partial_batches": stats.partial_batches,
+        "mean_batch_size": round(stats.mean_batch_size, 3),
+        "interrupted": stats.interrupted,
+        "threads_not_stopped": list(stats.threads_not_stopped),
+        "warmup": [{"batch_size": w.batch_size, "ms": round(w.ms, 3)} for w in stats.warmup],
+        "in_flight_high_water": stats.in_flight_high_water,
+        "cameras": {
+            c.name: {
+                "frames": c.frames,
+                "dropped": c.dropped,
+                "fps": round(c.fps, 3),
+                "frames_missing_from_source": c.short_by,
+                "discarded_at_stop": c.discarded,
+                "end_to_end_ms": _ms(c.latency_ms),
+            }
+            for c in stats.cameras
+        },
+    }
+
+
+def sources_record(
+    cams: Sequence[CameraConfig], readers: Sequence[FrameReader]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "camera": c.name,
+            "source": redact(camera_source(c)),
+            "width": r.info.width,
+            "height": r.info.height,
+            "fps": r.info.fps,
+            "frame_count": r.info.frame_count,
+        }
+        for c, r in zip(cams, readers, strict=True)
+    ]
+
+
+def live_record(pipeline: Pipeline, cams: Sequence[CameraConfig]) -> dict[str, Any] | None:
+    """Per live camera: final state, connects, down time, outages, the frames lost in them
+    (estimated from the camera's own arrival rate while it streamed) and every state change.
+    None when no camera is live (a replay of files)."""
+    snapshots = pipeline.cameras()
+    if not any(s.reader.live or s.reader.changes for s in snapshots):
+        return None
+    out = {}
+    for cam, snap in zip(cams, snapshots, strict=True):
+        r = snap.reader
+        rate = snap.read / r.streaming_s if r.streaming_s > 0 else 0.0
+        out[snap.name] = {
+            "source": redact(camera_source(cam)),
+            "state": snap.state.value,
+            "connects": r.connects,
+            "failed_attempts": r.failed_attempts,
+            "downtime_s": round(r.downtime_s, 3),
+            "outage_s": round(r.outage_s, 3),
+            "frames_received": snap.read,
+            "arrival_fps": round(rate, 3),
+            "frames_lost_estimate": round(r.outage_s * rate),
+            "changes": [
+                {"t_ns": c.t_ns, "state": c.state.value, "detail": redact(c.detail)}
+                for c in r.changes
+            ],
+        }
+    return out
+
+
+def sinks_record(reports: dict[str, SinkReport]) -> dict[str, Any]:
+    return {
+        name: {k: v for k, v in dataclasses.asdict(r).items() if k != "name"}
+        for name, r in reports.items()
+    }
+
+
+def first_record(
+    options: RunOptions,
+    detector: Detector,
+    pipeline: Pipeline,
+    cams: Sequence[CameraConfig],
+    readers: Sequence[FrameReader],
+) -> RunRecord:
+    """The record written before the run starts (status "running")."""
+    keep = detector.keep_labels
+    live = options.mode is not Mode.REPLAY
+    return RunRecord(
+        command=options.run_command,
+        mode=options.mode.value,
+        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        model={
+            "name": detector.name,
+            "weights": options.weights,
+            "input_size": list(detector.input.size),
+            "classes_kept": sorted(detector.class_names[i] for i in keep) if keep else None,
+        },
+        config=dataclasses.asdict(pipeline.config),
+        sources=sources_record(cams, readers),
+        environment=environment(str(pipeline.device)),
+        telemetry=pipeline.sampler.info.as_dict() if pipeline.sampler is not None else None,
+        reconnect=dataclasses.asdict(options.reconnect) if live else None,
+        duration_s=options.duration_s if live else None,
+    )
+
+
+def final_record(
+    record: RunRecord,
+    pipeline: Pipeline,
+    cams: Sequence[CameraConfig],
+    readers: Sequence[FrameReader],
+    stats: RunStats,
+    **changes: Any,
+) -> RunRecord:
+    """The record once the run is over: what only then is known."""
+    telemetry = record.telemetry
+    if pipeline.sampler is not None:
+        # metrics found unsupported during the run are known only now
+        telemetry = {**pipeline.sampler.info.as_dict(), "samples": pipeline.sampler.samples_taken}
+    return record.but(
+        telemetry=telemetry,
+        sources=sources_record(cams, readers),  # live sizes are known once connected
+        live=live_record(pipeline, cams),
+        summary=stats_summary(stats),
+        sinks=sinks_record(pipeline.sinks.report()),
+        **changes,
+    )

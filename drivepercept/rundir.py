@@ -1,0 +1,237 @@
+"""The run folder: its file names, the `run.json` record, and redaction of secrets.
+
+Every module that writes or reads a run folder takes its names from here (`RunDir`), and
+`run.json` is written and read only as a `RunRecord`: one schema, versioned, in one place.
+
+    runs/<name>/
+        run.json            RunRecord: command, model, config, sources, environment, status,
+                            summary (the pipeline's own counts), live cameras, sinks
+        detections.jsonl    one line per camera frame (boxes in original pixels)
+        frames.csv          per-frame stage timestamps
+        load.csv            GPU / CPU / memory samples
+        summary.json, latency.csv, report.html, trace.json   the latency report
+        eval.json           accuracy, for `eval` runs
+        video/              annotated videos (--save-video)
+
+Camera URLs carry credentials; `redact` is the one place that hides them before a source is
+written into a record (and so into every report made from it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from drivepercept.errors import ConfigError, OutputError
+
+RUN_SCHEMA_VERSION = 2  # 2: command says what ran (replay --realtime, eval); sinks section
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run folder and the paths of what it holds."""
+
+    path: Path
+
+    RUN_JSON = "run.json"
+    DETECTIONS_JSONL = "detections.jsonl"
+    FRAMES_CSV = "frames.csv"
+    LOAD_CSV = "load.csv"
+    SUMMARY_JSON = "summary.json"
+    LATENCY_CSV = "latency.csv"
+    REPORT_HTML = "report.html"
+    TRACE_JSON = "trace.json"
+    EVAL_JSON = "eval.json"
+    VIDEO_DIR = "video"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / self.RUN_JSON
+
+    @property
+    def detections_jsonl(self) -> Path:
+        return self.path / self.DETECTIONS_JSONL
+
+    @property
+    def frames_csv(self) -> Path:
+        return self.path / self.FRAMES_CSV
+
+    @property
+    def load_csv(self) -> Path:
+        return self.path / self.LOAD_CSV
+
+    @property
+    def summary_json(self) -> Path:
+        return self.path / self.SUMMARY_JSON
+
+    @property
+    def eval_json(self) -> Path:
+        return self.path / self.EVAL_JSON
+
+    @property
+    def video_dir(self) -> Path:
+        return self.path / self.VIDEO_DIR
+
+    def comparison_html(self, other: str) -> Path:
+        """Where the comparison of this run (A) with run `other` (B) goes."""
+        return self.path / f"compare-{other}.html"
+
+    def read_record(self) -> RunRecord:
+        """run.json as a record (ConfigError when it is missing or not a run record)."""
+        try:
+            data = json.loads(self.run_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {self.run_json}: {exc}") from None
+        record, problems = RunRecord.from_json(data)
+        if problems:
+            raise ConfigError(f"{self.run_json}: {problems[0]}")
+        return record
+
+    def write_record(self, record: RunRecord) -> None:
+        write_json(self.run_json, record.to_json())
+
+
+def make_run_dir(root: Path, name: str | None, *, prefix: str = "replay") -> RunDir:
+    """A new folder under root: `name`, or <prefix>-<date>-<time>, made unique with -2, -3..."""
+    base = name or time.strftime(f"{prefix}-%Y%m%d-%H%M%S")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", base):
+        raise ConfigError(f"run name may use letters, digits, '.', '_', '-', got {base!r}")
+    for i in range(1, 1000):
+        path = root / (base if i == 1 else f"{base}-{i}")
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return RunDir(path)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise OutputError(f"cannot create run folder {path}: {exc.strerror}") from None
+    raise OutputError(f"too many runs named {base!r} in {root}")
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Strict JSON (no NaN), written whole: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from None
+
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")
+_SECRET_QUERY = re.compile(
+    r"(?P<key>[?&;](?:password|passwd|pwd|pass|token|access_token|key|apikey|api_key|secret|"
+    r"auth|signature|sig)=)[^&;#\s]*",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str) -> str:
+    """`text` with the credentials of any URL in it hidden: `user:password@` becomes
+    `user:***@`, and secret query parameters (password=, token=, key=, ...) become `=***`."""
+    text = _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)
+    return _SECRET_QUERY.sub(r"\g<key>***", text)
+
+
+# the top-level keys and their JSON types; a value of another type is dropped with a problem
+_SECTIONS: dict[str, type | tuple[type, ...]] = {
+    "model": dict,
+    "config": dict,
+    "sources": list,
+    "environment": dict,
+    "telemetry": dict,
+    "summary": dict,
+    "live": dict,
+    "reconnect": dict,
+    "sinks": dict,
+    "status": str,
+    "command": str,
+    "mode": str,
+    "started": str,
+    "error": str,
+    "duration_s": (int, float),
+    "schema_version": int,
+}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What run.json holds (schema `RUN_SCHEMA_VERSION`; version 1 files read too).
+
+    The sections are JSON objects whose fields are documented where they are made
+    (`drivepercept.run.record`); this type fixes the top level and its types.
+    """
+
+    command: str  # what ran: replay, replay --realtime, live, eval
+    mode: str  # replay, realtime, live
+    status: str = "running"  # running, complete, interrupted, failed
+    started: str = ""
+    model: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    telemetry: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    live: dict[str, Any] | None = None
+    reconnect: dict[str, Any] | None = None
+    duration_s: float | None = None
+    sinks: dict[str, Any] | None = None
+    schema_version: int = RUN_SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        # older readers expect these keys only when they apply
+        for key in ("live", "reconnect", "duration_s", "sinks", "error"):
+            if data[key] is None:
+                del data[key]
+        return data
+
+    def but(self, **changes: Any) -> RunRecord:
+        """A copy with `changes`."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_json(cls, data: object) -> tuple[RunRecord, list[str]]:
+        """A record from run.json's object, however damaged, and what was wrong with it.
+
+        Keys of the wrong JSON type are dropped and named; unknown keys are ignored (a newer
+        writer); missing ones take their defaults.
+        """
+        problems: list[str] = []
+        if not isinstance(data, dict):
+            return cls(command="unknown", mode="unknown", status="unknown"), [
+                "run.json is not a JSON object"
+            ]
+        known = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, kind in _SECTIONS.items():
+            value = data.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, kind):
+                problems.append(
+                    f"{key} should be a {getattr(kind, '__name__', 'number')}, got "
+                    f"{type(value).__name__}; ignored"
+                )
+                continue
+            values[key] = value
+        if isinstance(values.get("sources"), list):
+            values["sources"] = [s for s in values["sources"] if isinstance(s, dict)]
+        values.setdefault("command", "unknown")
+        values.setdefault("mode", values["command"] if values["command"] != "unknown" else "replay")
+        values.setdefault("status", "unknown")
+        record = cls(**{k: v for k, v in values.items() if k in known})
+        return record, problems
+
+    @property
+    def camera_names(self) -> list[str]:
+        return [str(s.get("camera")) for s in self.sources]

@@ -1,0 +1,45 @@
+"""Opening a rig's cameras, the way a mode reads them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from drivepercept.config import ReconnectPolicy
+from drivepercept.rig import CameraConfig, camera_source
+from drivepercept.sources.live import LiveSource
+from drivepercept.sources.readers import FrameReader, open_reader
+
+
+def open_cameras(
+    cams: Sequence[CameraConfig],
+    *,
+    paced: bool,
+    policy: ReconnectPolicy,
+    stop: threading.Event,
+) -> list[FrameReader]:
+    """Every camera's reader, opened on this thread so that a bad file fails here, with a
+    clear error, before any thread starts.
+
+    Replay (`paced` False): each file or image folder as fast as it decodes. Real-time and
+    live (`paced` True): reconnecting `LiveSource`s; a file among them plays at its own frame
+    rate, and a device or stream connects on its decoder thread (a failure there is a state,
+    not an exception).
+    """
+    readers: list[FrameReader] = []
+    try:
+        for cam in cams:
+            if paced:
+                source = camera_source(cam)
+                readers.append(
+                    LiveSource(
+                        camera=cam.name, source=source, policy=policy, stop=stop, realtime=True
+                    )
+                )
+            else:
+                readers.append(open_reader(camera_source(cam)))
+    except BaseException:
+        for r in readers:
+            r.close()
+        raise
+    return readers
