@@ -1,24 +1,15 @@
 """Cameras, rigs and the rig file (`rig.toml`), and the one source -> camera resolver.
 
 A rig is the set of cameras on one vehicle. Each camera has a name, optionally a video it was
-recorded to, its frame rate and resolution, and where the geometry is known (always for
-simulated rigs) its pinhole intrinsics and its mount on the ego vehicle. The same file is
-written by `drivepercept simulate` and read by every command that replays a drive.
-
-Conventions, written once:
-
-* Ego frame: x forward, y left, z up, metres, origin on the ground under the rear axle.
-* A camera's yaw turns it to the left (0 looks forward, 90 left, 180 back, -90 right);
-  pitch tilts it down (positive looks at the ground).
-* Camera frame (OpenCV): x right, y down, z along the optical axis.
-* Intrinsics: pixel centres at integer coordinates + 0.5 are not used; (u, v) = (fx x/z + cx,
-  fy y/z + cy) with pixel i covering [i, i + 1).
+recorded to or a live source, its frame rate and resolution, and where the geometry is known
+(always for simulated rigs) its pinhole intrinsics and its mount on the ego vehicle
+(`drivepercept.geometry`). The same file is written by `drivepercept simulate` and read by
+every command that replays a drive.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -27,102 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from drivepercept.errors import ConfigError, OutputError
+from drivepercept.geometry import (
+    MAX_CAMERAS,
+    Extrinsics,
+    Intrinsics,
+    check_camera_count,
+    check_fps,
+    check_size,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
-MAX_CAMERAS = 12
-MIN_SIZE_PX = 32
-MAX_SIZE_PX = 8192
-MAX_FPS = 240.0
-
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-
-
-def check_camera_count(count: int) -> int:
-    """Return `count` if a rig may have that many cameras, else raise ConfigError."""
-    if not 1 <= count <= MAX_CAMERAS:
-        raise ConfigError(f"camera count must be between 1 and {MAX_CAMERAS}, got {count}")
-    return count
-
-
-def check_fps(fps: float) -> float:
-    """Return `fps` if it is a usable frame rate, else raise ConfigError."""
-    if not (math.isfinite(fps) and 0.0 < fps <= MAX_FPS):
-        raise ConfigError(f"fps must be > 0 and <= {MAX_FPS:g}, got {fps:g}")
-    return fps
-
-
-def check_size(width: int, height: int) -> tuple[int, int]:
-    """Return (width, height) if it is a usable frame size, else raise ConfigError."""
-    if not (MIN_SIZE_PX <= width <= MAX_SIZE_PX and MIN_SIZE_PX <= height <= MAX_SIZE_PX):
-        raise ConfigError(
-            f"frame size must be between {MIN_SIZE_PX}x{MIN_SIZE_PX} and "
-            f"{MAX_SIZE_PX}x{MAX_SIZE_PX} pixels, got {width}x{height}"
-        )
-    return width, height
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """Parse 'WIDTHxHEIGHT' (e.g. '640x360') and check it."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if match is None:
-        raise ConfigError(f"size must look like WIDTHxHEIGHT (e.g. 640x360), got {text!r}")
-    return check_size(int(match.group(1)), int(match.group(2)))
-
-
-@dataclass(frozen=True)
-class Intrinsics:
-    """Pinhole intrinsics in pixels (no lens distortion)."""
-
-    fx: float
-    fy: float
-    cx: float
-    cy: float
-
-    def __post_init__(self) -> None:
-        for key in ("fx", "fy"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"intrinsics.{key} must be a positive number, got {value}")
-        for key in ("cx", "cy"):
-            if not math.isfinite(getattr(self, key)):
-                raise ConfigError(f"intrinsics.{key} must be finite, got {getattr(self, key)}")
-
-    @classmethod
-    def from_fov(cls, *, width: int, height: int, fov_deg: float) -> Intrinsics:
-        """Square pixels, principal point at the centre, horizontal field of view `fov_deg`."""
-        if not 1.0 <= fov_deg <= 170.0:
-            raise ConfigError(f"horizontal field of view must be in [1, 170] deg, got {fov_deg}")
-        fx = (width / 2.0) / math.tan(math.radians(fov_deg) / 2.0)
-        return cls(fx=fx, fy=fx, cx=width / 2.0, cy=height / 2.0)
-
-    def hfov_deg(self, width: int) -> float:
-        """Horizontal field of view for an image `width` pixels wide."""
-        left = math.atan(self.cx / self.fx)
-        right = math.atan((width - self.cx) / self.fx)
-        return math.degrees(left + right)
-
-
-@dataclass(frozen=True)
-class Extrinsics:
-    """Where a camera sits on the ego vehicle and which way it looks."""
-
-    position_m: tuple[float, float, float]
-    yaw_deg: float
-    pitch_deg: float = 0.0
-
-    def __post_init__(self) -> None:
-        if len(self.position_m) != 3 or not all(math.isfinite(v) for v in self.position_m):
-            raise ConfigError(
-                f"extrinsics.position_m must be 3 finite numbers, got {self.position_m!r}"
-            )
-        if not (math.isfinite(self.yaw_deg) and math.isfinite(self.pitch_deg)):
-            raise ConfigError("extrinsics yaw_deg and pitch_deg must be finite")
-        if not -89.0 <= self.pitch_deg <= 89.0:
-            raise ConfigError(f"extrinsics.pitch_deg must be in [-89, 89], got {self.pitch_deg}")
 
 
 @dataclass(frozen=True)
@@ -401,8 +311,8 @@ def _rig_cameras(path: Path, *, live: bool) -> list[CameraConfig]:
     cams = []
     for cam in load_rig(path).cameras:
         if cam.video is None and (not live or cam.source is None):
-            what = "a source or a video" if live else "a video"
-            raise ConfigError(f"camera {cam.name!r} in {path} has no {what}")
+            what = "neither a source nor a video" if live else "no video"
+            raise ConfigError(f"camera {cam.name!r} in {path} has {what}")
         cams.append(cam)
     return cams
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import subprocess
@@ -12,6 +13,7 @@ import cv2
 import pytest
 
 from drivepercept.cli import main
+from drivepercept.errors import ConfigError
 from drivepercept.rig import load_rig
 from drivepercept.sim.clip import simulate_clip
 from drivepercept.sim.config import SimulationConfig
@@ -203,3 +205,49 @@ def test_status_line_shows_each_camera_and_the_load() -> None:
     )
     line = status_line([_snapshot("front", 30.0, 20.0)], dataclasses.replace(cpu, gpus=(gpu,)))
     assert line == "fps/p95 ms: front 30.0/20 | GPU0 93% 3072 MB"
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    from drivepercept.cli.parser import build_parser
+
+    return build_parser().parse_args(argv)
+
+
+def test_config_file_then_flags_merge_once(tmp_path: Path) -> None:
+    from drivepercept.cli import merged_settings
+
+    config = tmp_path / "replay.toml"
+    config.write_text(
+        '[replay]\nsources = ["a.mp4"]\nscore_threshold = 0.4\nmodel = "m"\nmax_frames = 9\n'
+    )
+    sources, settings = merged_settings(
+        _args(["replay", "b.mp4", "--config", str(config), "--max-frames", "3", "--no-warmup"])
+    )
+    # the file's sources first, then the command line's; a flag beats the file's key
+    assert sources == ("a.mp4", "b.mp4")
+    assert settings == {"score_threshold": 0.4, "model": "m", "max_frames": 3, "warmup": False}
+    # an unset flag leaves the file's value, and no flag sets anything by itself
+    _, settings = merged_settings(_args(["replay", "b.mp4"]))
+    assert settings == {}
+
+
+def test_a_config_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    from drivepercept.cli import merged_settings
+
+    config = tmp_path / "bad.toml"
+    config.write_text("scor_threshold = 0.4\n")
+    with pytest.raises(ConfigError, match=r"unknown keys \['scor_threshold'\]"):
+        merged_settings(_args(["replay", "b.mp4", "--config", str(config)]))
+    with pytest.raises(ConfigError, match="at least one SOURCE"):
+        merged_settings(_args(["replay"]))
+
+
+def test_live_cameras_and_the_run_options_the_cli_builds() -> None:
+    from drivepercept.cli.commands import run_options
+    from drivepercept.run import Mode
+
+    args = _args(["live", "--camera", "a=0", "--no-report", "--reconnect-attempts", "3"])
+    options = run_options(args, Mode.LIVE)
+    assert options.sources == ("a=0",) and options.report_formats == ()
+    assert options.reconnect.max_attempts == 3 and options.reconnect.initial_s == 0.25
+    assert options.pipeline().drop_policy == "drop_oldest"

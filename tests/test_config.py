@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from drivepercept.errors import ConfigError
-from drivepercept.rig import CameraConfig, RigConfig, load_rig, parse_size, write_rig
+from drivepercept.geometry import parse_size
+from drivepercept.rig import CameraConfig, RigConfig, load_rig, write_rig
 from drivepercept.sim.camera import default_rig_cameras
 from drivepercept.sim.config import SimulationConfig
 

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_videos"
 NAMES = ("front", "back", "front_left", "front_right")
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.integration]
 
 
 class Sleepy(torch.nn.Module):

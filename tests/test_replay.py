@@ -23,7 +23,7 @@ from drivepercept.types import STAMPS
 SAMPLE_RIG = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
 ORACLE = "drivepercept.models.oracle:make_oracle"
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.integration]
 
 
 @pytest.fixture(autouse=True)

@@ -27,6 +27,9 @@ PART = b"Content-Type: image/jpeg"  # one per multipart part
 NOISE_SIZE = (640, 384)
 
 
+pytestmark = pytest.mark.integration
+
+
 def make_video(
     path: Path,
     *,

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from drivepercept.errors import ConfigError
-from drivepercept.rig import CameraConfig, Extrinsics, Intrinsics
+from drivepercept.geometry import Extrinsics, Intrinsics
+from drivepercept.rig import CameraConfig
 from drivepercept.sim.camera import CameraModel, Pose2D, default_rig_cameras
 
 

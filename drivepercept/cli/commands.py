@@ -12,6 +12,7 @@ from typing import Any
 
 from drivepercept.config import ReconnectPolicy
 from drivepercept.errors import ConfigError
+from drivepercept.geometry import parse_size
 from drivepercept.report import (
     ALL_FORMATS,
     DEFAULT_BUDGET_MS,
@@ -19,7 +20,7 @@ from drivepercept.report import (
     write_comparison,
     write_report,
 )
-from drivepercept.rig import parse_size, read_toml
+from drivepercept.rig import read_toml
 from drivepercept.run import DEFAULT_MODEL, Mode, RunOptions, RunResult, bench, evaluate, run
 from drivepercept.run.console import Progress, report_lines, summary_table
 from drivepercept.run.options import PIPELINE_KEYS
@@ -94,13 +95,9 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _progress(args: argparse.Namespace) -> Progress:
-    return Progress(enabled=not args.no_progress and sys.stderr.isatty(), log_status=args.verbose)
-
-
 def _with_progress(args: argparse.Namespace, job: Callable[[Progress], Any]) -> Any:
     """Run a job with the progress display; SIGTERM stops it like Ctrl-C (drain, outputs)."""
-    bar = _progress(args)
+    bar = Progress(enabled=not args.no_progress and sys.stderr.isatty(), log_status=args.verbose)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return job(bar)
@@ -109,42 +106,21 @@ def _with_progress(args: argparse.Namespace, job: Callable[[Progress], Any]) -> 
         bar.finish()
 
 
-def _print_run(result: RunResult) -> None:
-    print(summary_table(result))
-    print(f"run folder: {result.run_dir}")
-    if result.report is not None:
-        print("\n".join(report_lines(result.report)))
-
-
 def cmd_replay(args: argparse.Namespace) -> int:
     live = args.command == "live"
     mode = Mode.LIVE if live else Mode.REALTIME if args.realtime else Mode.REPLAY
     options = run_options(args, mode)
     result: RunResult = _with_progress(args, lambda bar: run(options, progress=bar))
-    _print_run(result)
-    prefix = f"drivepercept {args.command}: error:"
-    if result.error:
-        print(f"{prefix} {result.error}", file=sys.stderr)
-        return EXIT_ERROR
-    if result.stats.interrupted:
+    print(summary_table(result))
+    print(f"run folder: {result.run_dir}")
+    if result.report is not None:
+        print("\n".join(report_lines(result.report)))
+    why = result.failure()
+    if result.stats.interrupted and not result.error:
         print("interrupted: outputs hold the frames processed so far", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if result.failed_cameras:
-        names = ", ".join(result.failed_cameras)
-        print(
-            f"{prefix} camera(s) failed for good: {names} (the others ran; see {result.run_dir})",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
-    if result.short_cameras:
-        what = ", ".join(
-            f"{c.name} after {c.frames} frames ({c.short_by} missing)" for c in result.short_cameras
-        )
-        print(
-            f"{prefix} video ended early (truncated?): {what}; every decodable frame was "
-            f"processed, see {result.run_dir}",
-            file=sys.stderr,
-        )
+    if why:
+        print(f"drivepercept {args.command}: error: {why}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from drivepercept.report.rundata import LoadTable, RunData
-from drivepercept.rundir import RunRecord
+from drivepercept.rundir import RunDir, RunRecord
 from drivepercept.telemetry.sampler import throttle_names
 from drivepercept.telemetry.stats import (
     LatencyStats,
@@ -146,7 +146,7 @@ def load_summary(load: LoadTable | None, telemetry: dict[str, Any]) -> dict[str,
     gpus_info = telemetry.get("gpus", []) if isinstance(telemetry, dict) else []
     reason = telemetry.get("gpu_unavailable") if isinstance(telemetry, dict) else None
     if load is None:
-        reason = reason or "no load samples (the sampler was off, or load.csv is missing)"
+        reason = reason or f"no load samples (the sampler was off, or {RunDir.LOAD_CSV} is missing)"
         return {
             "samples": 0,
             "rate_hz": telemetry.get("rate_hz") if isinstance(telemetry, dict) else None,
@@ -183,7 +183,7 @@ def load_summary(load: LoadTable | None, telemetry: dict[str, Any]) -> dict[str,
             }
         )
     if not gpus and not reason:
-        reason = "load.csv has no GPU columns"
+        reason = f"{RunDir.LOAD_CSV} has no GPU columns"
     return {
         "samples": len(load),
         "rate_hz": telemetry.get("rate_hz") if isinstance(telemetry, dict) else None,

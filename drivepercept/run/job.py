@@ -61,6 +61,25 @@ class RunResult:
         """Cameras whose video ended before the frame count its container announced."""
         return [c for c in self.stats.cameras if c.short_by]
 
+    def failure(self) -> str | None:
+        """Why the run did not fully succeed, in one line; None when it did. (An interrupted
+        run is not a failure: `stats.interrupted` says so.)"""
+        if self.error:
+            return self.error
+        if self.failed_cameras:
+            names = ", ".join(self.failed_cameras)
+            return f"camera(s) failed for good: {names} (the others ran; see {self.run_dir})"
+        if self.short_cameras and not self.stats.interrupted:
+            what = ", ".join(
+                f"{c.name} after {c.frames} frames ({c.short_by} missing)"
+                for c in self.short_cameras
+            )
+            return (
+                f"video ended early (truncated?): {what}; every decodable frame was processed, "
+                f"see {self.run_dir}"
+            )
+        return None
+
     def detections(self) -> Iterator[dict[str, Any]]:
         """The run's detections.jsonl, one dict per camera frame, in emission order."""
         with RunDir(self.run_dir).detections_jsonl.open(encoding="utf-8") as lines:

@@ -14,7 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from drivepercept.errors import ConfigError
-from drivepercept.rig import CameraConfig, Extrinsics, Intrinsics, check_camera_count, check_size
+from drivepercept.geometry import Extrinsics, Intrinsics, check_camera_count, check_size
+from drivepercept.rig import CameraConfig
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -35,7 +35,8 @@ import numpy as np
 import numpy.typing as npt
 
 from drivepercept.errors import ConfigError, DrivePerceptError, one_line
-from drivepercept.rig import check_fps, resolve_cameras
+from drivepercept.geometry import check_fps
+from drivepercept.rig import resolve_cameras
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from drivepercept.queues import CameraQueues
 from drivepercept.sources.prepare import prepare
 from drivepercept.sources.readers import FrameReader
 from drivepercept.types import Frame, FrameMeta, InputSpec
 
 log = logging.getLogger(__name__)
+
+
+class FrameQueues(Protocol):
+    """Where decoded frames go: the pipeline's per-camera queues (`queues.CameraQueues`),
+    which apply the drop policy; sources do not know them otherwise."""
+
+    def put(self, camera: int, frame: Frame, *, stop: threading.Event) -> bool: ...
+
+    def end(self, camera: int) -> None: ...
 
 
 class DecoderThread:
@@ -32,7 +41,7 @@ class DecoderThread:
         camera_index: int,
         reader: FrameReader,
         spec: InputSpec,
-        queues: CameraQueues,
+        queues: FrameQueues,
         stop: threading.Event,
         max_frames: int = 0,
         keep_original: bool = False,
