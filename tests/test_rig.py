@@ -61,7 +61,7 @@ def test_live_rigs_take_a_cameras_source_and_replay_needs_a_video(tmp_path: Path
     rig = tmp_path / "cams.toml"
     rig.write_text('[[cameras]]\nname = "dash"\nsource = "rtsp://cam/1"\n')
     assert camera_source(resolve_cameras([str(rig)], live=True)[0]) == "rtsp://cam/1"
-    with pytest.raises(ConfigError, match="dash.* has no video"):
+    with pytest.raises(ConfigError, match=r"dash.* has no video"):
         resolve_cameras([str(rig)])
 
 

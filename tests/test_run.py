@@ -52,7 +52,7 @@ def test_replay_mode_chooses_nothing_and_live_modes_choose_the_live_policies() -
 
 
 def test_the_callers_settings_win_over_the_mode_and_the_defaults_fill_the_rest() -> None:
-    options = RunOptions(sources=("a.mp4",), mode="live", settings={"queue_capacity": 2})
+    options = RunOptions(sources=("a.mp4",), mode=Mode.LIVE, settings={"queue_capacity": 2})
     config = options.pipeline()
     assert options.mode is Mode.LIVE and options.run_command == "live"
     assert (config.queue_capacity, config.drop_policy) == (2, "drop_oldest")
