@@ -179,8 +179,34 @@ class FrameMeta:
     original_bgr: ImageU8 | None = field(default=None, repr=False, compare=False)
 
 
+class _CarriesMeta:
+    """Shortcuts to the `FrameMeta` that a frame or a result carries."""
+
+    meta: FrameMeta
+
+    @property
+    def camera(self) -> str:
+        return self.meta.camera
+
+    @property
+    def camera_index(self) -> int:
+        return self.meta.camera_index
+
+    @property
+    def frame_index(self) -> int:
+        return self.meta.frame_index
+
+    @property
+    def pts_s(self) -> float:
+        return self.meta.pts_s
+
+    @property
+    def original_bgr(self) -> ImageU8 | None:
+        return self.meta.original_bgr
+
+
 @dataclass(frozen=True, eq=False)
-class Frame:
+class Frame(_CarriesMeta):
     """One decoded camera frame, prepared for the model: its `meta` and `image`, (H, W, 3)
     uint8 RGB at the model's input size."""
 
@@ -194,18 +220,6 @@ class Frame:
             raise ValueError(
                 f"frame image must be uint8 {want}, got {self.image.dtype} {self.image.shape}"
             )
-
-    @property
-    def camera(self) -> str:
-        return self.meta.camera
-
-    @property
-    def camera_index(self) -> int:
-        return self.meta.camera_index
-
-    @property
-    def frame_index(self) -> int:
-        return self.meta.frame_index
 
     def __repr__(self) -> str:
         return (
@@ -346,7 +360,7 @@ assert tuple(f.name for f in fields(FrameTiming)) == tuple(f"{s}_ns" for s in ST
 
 
 @dataclass(frozen=True, eq=False)
-class FrameResult:
+class FrameResult(_CarriesMeta):
     """What the pipeline hands to sinks for one camera frame."""
 
     meta: FrameMeta
@@ -354,26 +368,6 @@ class FrameResult:
     batch_size: int
     detections: Detections
     timing: FrameTiming
-
-    @property
-    def camera(self) -> str:
-        return self.meta.camera
-
-    @property
-    def camera_index(self) -> int:
-        return self.meta.camera_index
-
-    @property
-    def frame_index(self) -> int:
-        return self.meta.frame_index
-
-    @property
-    def pts_s(self) -> float:
-        return self.meta.pts_s
-
-    @property
-    def original_bgr(self) -> ImageU8 | None:
-        return self.meta.original_bgr
 
 
 @dataclass(frozen=True)
