@@ -33,7 +33,7 @@ from drivepercept.sinks.base import LoadSink, Sink
 from drivepercept.sinks.fanout import OnFailure, SinkPolicy, SinkSet
 from drivepercept.sources.decoder import DecoderThread
 from drivepercept.sources.readers import FrameReader
-from drivepercept.telemetry.counters import CameraStats, RunCounters, RunStats
+from drivepercept.telemetry.counters import CameraFigures, CameraStats, RunCounters, RunStats
 from drivepercept.telemetry.sampler import LoadSampler, gpu_refs
 from drivepercept.types import (
     Batch,
@@ -230,7 +230,9 @@ class Pipeline:
 
     def cameras(self, window_s: float = 1.0) -> tuple[CameraSnapshot, ...]:
         """Every camera now: what the status line, /metrics, run.json and `stats` read."""
-        figures = self.counters.cameras(window_s)
+        return self._snapshots(self.counters.cameras(window_s))
+
+    def _snapshots(self, figures: Sequence[CameraFigures]) -> tuple[CameraSnapshot, ...]:
         dropped = self.queues.dropped()
         out = []
         for i, d in enumerate(self.decoders):
@@ -280,7 +282,7 @@ class Pipeline:
         interrupted = False
         last_progress = 0.0
         drain_until: float | None = None
-        complete = self.engine.threads[1]
+        complete = self.engine.completion_thread
         try:
             while complete.is_alive():
                 complete.join(timeout=0.1)
@@ -336,7 +338,7 @@ class Pipeline:
                 "threads did not stop within %.1f s: %s", JOIN_TIMEOUT_S, ", ".join(not_stopped)
             )
         self._close_sinks()
-        return tuple(not_stopped)
+        return (*not_stopped, *self.sinks.not_stopped)
 
     def _close_sinks(self) -> None:
         if self.sampler is not None:
@@ -388,7 +390,7 @@ class Pipeline:
     ) -> RunStats:
         """Statistics of what has been emitted so far."""
         figures = self.counters.cameras()
-        snapshots = self.cameras()
+        snapshots = self._snapshots(figures)  # one reading: the totals add up
         frames = sum(f.frames for f in figures)
         batches = self.counters.batches
         span_s = self.counters.span_s()

@@ -390,10 +390,13 @@ def _camera(name: str, source: str) -> CameraConfig:
     return CameraConfig(name=name, video=Path(source))
 
 
-def camera_source(cam: CameraConfig) -> str:
-    """What a camera reads: its live source, else its video file."""
+def camera_source(cam: CameraConfig, *, live: bool = False) -> str:
+    """What a camera reads: in live mode its live `source` where it has one, else (replay,
+    real-time replay) its recorded `video`; a camera with only one of them reads that."""
+    if live and cam.source is not None:
+        return cam.source
+    if cam.video is not None:
+        return str(cam.video)
     if cam.source is not None:
         return cam.source
-    if cam.video is None:
-        raise ConfigError(f"camera {cam.name!r} has neither a source nor a video")
-    return str(cam.video)
+    raise ConfigError(f"camera {cam.name!r} has neither a source nor a video")

@@ -49,10 +49,6 @@ class RunDir:
     VIDEO_DIR = "video"
 
     @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
     def run_json(self) -> Path:
         return self.path / self.RUN_JSON
 

@@ -55,7 +55,8 @@ class ReaderStatus:
 
     Attributes:
         state: its camera's state now.
-        live: a device or stream (reconnects), not a file.
+        live: read through the reconnect supervisor (a device, a stream, or a file paced
+            in real time), not a plain replayed file.
         connects: connections made (1 for a file).
         failed_attempts: opens that failed, and connections that gave no frame.
         downtime_s: time not streaming before it ended.

@@ -224,13 +224,16 @@ def test_an_output_failure_is_in_run_json_and_the_summary_line(tmp_path: Path) -
         settings={"device": "cpu", "max_frames": 2},
         out_root=tmp_path,
         name="broken",
-        report_formats=(),
+        report_formats=("json",),
     )
     result = run(options, sinks=[(BrokenSink(after=3), SinkPolicy())])
     assert result.record.status == "complete" and result.stats.frames == 12
     assert result.record.sinks is not None
     assert "No space left" in result.record.sinks["BrokenSink"]["failed"]
     assert "output BrokenSink failed (set aside)" in summary_table(result)
+    # and in the report
+    summary = json.loads(RunDir(result.run_dir).summary_json.read_text())
+    assert "No space left" in summary["outputs_failed"]["BrokenSink"]
 
 
 @pytest.mark.cuda

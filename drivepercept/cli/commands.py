@@ -3,32 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from drivepercept.config import ReconnectPolicy
+from drivepercept import report as reports
 from drivepercept.errors import ConfigError
-from drivepercept.geometry import parse_size
-from drivepercept.report import (
-    ALL_FORMATS,
-    DEFAULT_BUDGET_MS,
-    parse_formats,
-    write_comparison,
-    write_report,
+from drivepercept.run import (
+    DEFAULT_MODEL,
+    PIPELINE_KEYS,
+    RUN_KEYS,
+    EvalThresholds,
+    Mode,
+    ReconnectPolicy,
+    RunOptions,
+    RunResult,
+    bench,
+    evaluate,
+    read_settings_file,
+    run,
 )
-from drivepercept.rig import read_toml
-from drivepercept.run import DEFAULT_MODEL, Mode, RunOptions, RunResult, bench, evaluate, run
 from drivepercept.run.console import Progress, report_lines, summary_table
-from drivepercept.run.options import PIPELINE_KEYS
 
+log = logging.getLogger("drivepercept")
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
-RUN_KEYS = frozenset(
-    {"model", "weights", "out", "name", "save_video", "mosaic", "budget_ms", "report"}
-)
 RECONNECT = {
     "initial_s": "reconnect_initial_s",
     "max_s": "reconnect_max_s",
@@ -47,13 +51,8 @@ def merged_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str
     """
     settings: dict[str, Any] = {}
     if getattr(args, "config", None) is not None:
-        data = read_toml(Path(args.config), what="config file")
-        raw = dict(data.get("replay", data))
-        unknown = sorted(set(raw) - PIPELINE_KEYS - RUN_KEYS - {"sources"})
-        if unknown:
-            raise ConfigError(f"config file {args.config}: unknown keys {unknown}")
-        settings.update(raw)
-    for key in (*PIPELINE_KEYS, *RUN_KEYS):
+        settings.update(read_settings_file(args.config))
+    for key in (*PIPELINE_KEYS, *RUN_KEYS, "report"):
         value = getattr(args, key, None)
         if value is not None:
             settings[key] = value
@@ -68,7 +67,7 @@ def merged_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str
 
 def run_options(args: argparse.Namespace, mode: Mode) -> RunOptions:
     sources, settings = merged_settings(args)
-    report = settings.get("report")
+    formats = settings.get("report")
     flag = vars(args).get
     reconnect: dict[str, Any] = {k: flag(a) for k, a in RECONNECT.items() if flag(a) is not None}
     return RunOptions(
@@ -81,14 +80,28 @@ def run_options(args: argparse.Namespace, mode: Mode) -> RunOptions:
         name=settings.get("name"),
         save_video=bool(settings.get("save_video")),
         mosaic=bool(settings.get("mosaic")),
-        report_formats=ALL_FORMATS if report is None else parse_formats(report) if report else (),
-        budget_ms=float(settings.get("budget_ms", DEFAULT_BUDGET_MS)),
+        report_formats=reports.ALL_FORMATS
+        if formats is None
+        else reports.parse_formats(formats)
+        if formats
+        else (),
+        budget_ms=float(settings.get("budget_ms", reports.DEFAULT_BUDGET_MS)),
         duration_s=flag("duration"),
         reconnect=ReconnectPolicy(**reconnect),
         metrics_port=flag("metrics_port"),
         metrics_linger_s=flag("metrics_linger_s") or 0.0,
-        show=bool(flag("show")),
+        show=can_show(bool(flag("show"))),
     )
+
+
+def can_show(wanted: bool) -> bool:
+    """--show only where there is a display: OpenCV's Qt GUI aborts the whole process when it
+    finds none, so without one the run goes on without a window (and says so)."""
+    if wanted and sys.platform.startswith("linux"):
+        if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+            log.warning("--show: no display (DISPLAY is not set); running without a window")
+            return False
+    return wanted
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -126,8 +139,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from drivepercept.eval import EvalThresholds
-
     sources, settings = merged_settings(args)
     if len(sources) != 1:
         raise ConfigError("eval takes exactly one clip (a folder or its rig.toml)")
@@ -168,7 +179,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from drivepercept.sim.clip import simulate_clip
-    from drivepercept.sim.config import SimulationConfig
+    from drivepercept.sim.config import SimulationConfig, parse_size
 
     width, height = parse_size(args.size)
     config = SimulationConfig(
@@ -181,7 +192,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         seed=args.seed,
         noise=not args.no_noise,
     )
-    result = simulate_clip(config)
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:  # logged with -v
+        if time.monotonic() - last[0] >= 2.0 or done == total:
+            last[0] = time.monotonic()
+            log.info("rendered %d/%d frames", done, total)
+
+    result = simulate_clip(config, progress=progress)
     per_cam_fps = result.frames / result.elapsed_s if result.elapsed_s > 0 else 0.0
     print(
         f"wrote {len(result.videos)} videos x {result.frames} frames, {result.annotations} "
@@ -214,16 +232,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     if args.compare is not None:
-        comparison = write_comparison(args.run_dir, args.compare, budget_ms=args.budget_ms)
+        comparison = reports.write_comparison(args.run_dir, args.compare, budget_ms=args.budget_ms)
         print(comparison.text)
         print(f"comparison: {comparison.html}")
         problems = comparison.problems
     else:
-        report = write_report(
-            args.run_dir, formats=parse_formats(args.report), budget_ms=args.budget_ms
+        written = reports.write_report(
+            args.run_dir, formats=reports.parse_formats(args.report), budget_ms=args.budget_ms
         )
-        print("\n".join(report_lines(report)))
-        problems = report.problems
+        print("\n".join(report_lines(written)))
+        problems = written.problems
     if problems:
         more = f" (and {len(problems) - 1} more, listed in the report)" if len(problems) > 1 else ""
         print(

@@ -14,20 +14,17 @@ EXIT_USAGE = 2
 EXAMPLES = {
     "simulate": """
   drivepercept simulate --out /tmp/rig --cameras 6 --seconds 4 --fps 15 --size 640x360 --seed 7
-The folder gets <camera>.mp4 per camera, ground_truth.json and rig.toml; the same seed gives
-the same ground truth, byte for byte.""",
+Writes <camera>.mp4 per camera, ground_truth.json (the same seed, the same bytes), rig.toml.""",
     "replay": """
   drivepercept replay sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
   drivepercept replay front.mp4 rear.mp4 --device cuda --precision fp16 --save-video
-  drivepercept replay --config replay.toml sample_videos/rig.toml
-SOURCE: a rig file, a video, an image folder or NAME=SOURCE; several make one rig. A --config
-TOML file takes the flags' keys (with underscores); flags override it.""",
+  drivepercept replay --config replay.toml sample_videos/rig.toml   # flags override the file
+SOURCE: a rig file, a video, an image folder or NAME=SOURCE; several make one rig.""",
     "live": """
   drivepercept serve-cameras sample_videos/rig.toml --port 8554 &   # simulated cameras
   drivepercept live --camera front=http://127.0.0.1:8554/front.mjpg --duration 30
   drivepercept live --camera dash=0 --device cuda --precision fp16 --metrics-port 9100
-Each camera keeps only its newest frame, every drop counted; a failing camera reconnects with
-backoff while the others carry on. Ctrl-C or SIGTERM drains and writes every output.""",
+Newest frame wins (drops counted); a failing camera reconnects while the others carry on.""",
     "eval": """
   drivepercept simulate --out /tmp/heldout --seed 9001 --seconds 4
   drivepercept eval /tmp/heldout --model ssdlite320_mobilenet_v3_large --weights DEFAULT

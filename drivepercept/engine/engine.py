@@ -162,6 +162,11 @@ class InferenceEngine:
     def threads(self) -> tuple[threading.Thread, ...]:
         return (self._submit, self._complete)
 
+    @property
+    def completion_thread(self) -> threading.Thread:
+        """The thread that hands results on: the run is over when it ends."""
+        return self._complete
+
     def start(self) -> None:
         self._submit.start()
         self._complete.start()

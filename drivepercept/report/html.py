@@ -232,6 +232,13 @@ def render_html(data: RunData, summary: dict[str, Any]) -> str:
         problems = (
             f"<div class='problems'><b>Problems with this run folder</b><ul>{items}</ul></div>"
         )
+    failed = summary.get("outputs_failed") or {}
+    if failed:
+        items = "".join(f"<li>{esc(name)}: {esc(why)}</li>" for name, why in failed.items())
+        problems += (
+            "<div class='problems'><b>Outputs set aside during the run (the others are "
+            f"complete)</b><ul>{items}</ul></div>"
+        )
     model = run.get("model") or {}
     plots_html = ""
     if len(tl):

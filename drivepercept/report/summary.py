@@ -7,6 +7,8 @@ frames/s, null where there is nothing to measure):
   model, config, environment, sources, telemetry (sampler rate, GPUs, why GPU metrics are
   unavailable) -- copied from run.json;
 - problems: what was wrong with the folder (killed run, corrupt lines), [] when nothing;
+- outputs_failed: {output: its failure} for outputs set aside during the run (run.json's
+  `sinks`), {} when none failed;
 - budget_ms, window_s: the deadline and the throughput window used;
 - frames, span_s (first capture to last emission), throughput_fps (frames / span_s);
 - end_to_end_ms: {count, mean_ms, p50_ms, p90_ms, p95_ms, p99_ms, max_ms}, capture to emission;
@@ -230,6 +232,11 @@ def build_summary(
             "telemetry": telemetry or None,
         },
         "problems": list(data.problems),
+        "outputs_failed": {
+            name: out["failed"]
+            for name, out in (run.sinks or {}).items()
+            if isinstance(out, dict) and out.get("failed")
+        },
         "budget_ms": budget_ms,
         "window_s": window_s,
         "frames": len(tl),

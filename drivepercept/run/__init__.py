@@ -14,19 +14,36 @@ truth; `bench` compares the model alone, the pipeline and a naive loop.
 
 from __future__ import annotations
 
+from drivepercept.config import ReconnectPolicy
+from drivepercept.eval import EvalThresholds
 from drivepercept.run.bench import BenchResult, bench
 from drivepercept.run.evaluate import EvaluateResult, evaluate
 from drivepercept.run.job import RunResult, run
-from drivepercept.run.options import DEFAULT_MODEL, Mode, RunOptions
+from drivepercept.run.options import (
+    DEFAULT_MODEL,
+    PIPELINE_KEYS,
+    RUN_KEYS,
+    Mode,
+    RunOptions,
+    read_settings_file,
+)
+from drivepercept.sinks.fanout import OnFailure, SinkPolicy
 
 __all__ = [
     "DEFAULT_MODEL",
+    "PIPELINE_KEYS",
+    "RUN_KEYS",
     "BenchResult",
+    "EvalThresholds",
     "EvaluateResult",
     "Mode",
+    "OnFailure",
+    "ReconnectPolicy",
     "RunOptions",
     "RunResult",
+    "SinkPolicy",
     "bench",
     "evaluate",
+    "read_settings_file",
     "run",
 ]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -19,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from drivepercept.engine.device import resolve_device
 from drivepercept.errors import one_line
 from drivepercept.models import load_detector
 from drivepercept.models.base import Detector
@@ -88,17 +87,6 @@ class RunResult:
                     yield json.loads(line)
 
 
-def has_display() -> bool:
-    """A window only where there is a display: OpenCV's Qt GUI aborts the whole process when
-    it finds none, so without one the run goes on without a window (and says so)."""
-    if sys.platform.startswith("linux") and not (
-        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
-    ):
-        log.warning("--show: no display (DISPLAY is not set); running without a window")
-        return False
-    return True
-
-
 def _video_policy(mode: Mode) -> SinkPolicy:
     # replay keeps every frame in the video (the pipeline waits for the encoder); live drops
     # the oldest waiting frames instead of holding up detection
@@ -124,12 +112,15 @@ def run(
     Raises:
         DrivePerceptError: bad input (one clear line), or a failed stage (`PipelineError`).
     """
-    cams = resolve_cameras(options.sources, live=options.mode is Mode.LIVE)
+    live = options.mode is Mode.LIVE
+    cams = resolve_cameras(options.sources, live=live)
     config = options.pipeline()
+    resolve_device(config.device)  # a missing GPU is said before any model is loaded
     capture_stop = threading.Event()
     readers = open_cameras(
         cams,
         paced=options.mode is not Mode.REPLAY,
+        live=live,
         policy=options.reconnect,
         stop=capture_stop,
     )
@@ -158,7 +149,7 @@ def run(
         sink_set.add(FrameTimingCsvSink(run_dir.frames_csv), ESSENTIAL, name="frames")
         if config.sample_hz > 0:
             pipeline.add_load_sink(LoadCsvSink(run_dir.load_csv))
-        if options.show and has_display():
+        if options.show:
             display = DisplaySink(names, on_quit=pipeline.stop_capture)
             sink_set.add(display, SinkPolicy(slow=True, queue_batches=2), name="display")
         if options.save_video:
@@ -194,7 +185,11 @@ def _run(
     readers: Sequence[Any],
     progress: Callable[[Pipeline], None] | None,
 ) -> RunResult:
-    record = first_record(options, pipeline.detector, pipeline, cams, readers)
+    try:
+        record = first_record(options, pipeline.detector, pipeline, cams, readers)
+    except BaseException:
+        pipeline.close()
+        raise
     try:
         run_dir.write_record(record)
         stats = pipeline.run(progress=progress, duration_s=options.duration_s)

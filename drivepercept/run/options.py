@@ -15,9 +15,28 @@ from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.engine.device import resolve_device
 from drivepercept.errors import ConfigError
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
+from drivepercept.rig import read_toml
 
 DEFAULT_MODEL = "drivepercept-tiny"
 PIPELINE_KEYS = frozenset(f.name for f in dataclasses.fields(PipelineConfig))
+# the other keys of a settings file (and of the CLI flags that mean the same)
+RUN_KEYS = frozenset({"model", "weights", "out", "name", "save_video", "mosaic", "budget_ms"})
+FILE_KEYS = PIPELINE_KEYS | RUN_KEYS | {"report", "sources"}
+
+
+def read_settings_file(path: str | Path) -> dict[str, Any]:
+    """A run's settings file: a TOML table (the whole file, or its `[replay]` table) of
+    pipeline settings, `sources` and the run keys (model, weights, out, name, ...).
+
+    Raises:
+        ConfigError: the file is missing or not TOML, or has keys no run knows.
+    """
+    data = read_toml(Path(path), what="config file")
+    raw = dict(data.get("replay", data))
+    unknown = sorted(set(raw) - FILE_KEYS)
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown keys {unknown}")
+    return raw
 
 
 class Mode(enum.Enum):

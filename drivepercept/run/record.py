@@ -96,12 +96,12 @@ def stats_summary(stats: RunStats) -> dict[str, Any]:
 
 
 def sources_record(
-    cams: Sequence[CameraConfig], readers: Sequence[FrameReader]
+    cams: Sequence[CameraConfig], readers: Sequence[FrameReader], *, live: bool
 ) -> list[dict[str, Any]]:
     return [
         {
             "camera": c.name,
-            "source": redact(camera_source(c)),
+            "source": redact(camera_source(c, live=live)),
             "width": r.info.width,
             "height": r.info.height,
             "fps": r.info.fps,
@@ -111,7 +111,9 @@ def sources_record(
     ]
 
 
-def live_record(pipeline: Pipeline, cams: Sequence[CameraConfig]) -> dict[str, Any] | None:
+def live_record(
+    pipeline: Pipeline, cams: Sequence[CameraConfig], *, live: bool
+) -> dict[str, Any] | None:
     """Per live camera: final state, connects, down time, outages, the frames lost in them
     (estimated from the camera's own arrival rate while it streamed) and every state change.
     None when no camera is live (a replay of files)."""
@@ -123,7 +125,7 @@ def live_record(pipeline: Pipeline, cams: Sequence[CameraConfig]) -> dict[str, A
         r = snap.reader
         rate = snap.read / r.streaming_s if r.streaming_s > 0 else 0.0
         out[snap.name] = {
-            "source": redact(camera_source(cam)),
+            "source": redact(camera_source(cam, live=live)),
             "state": snap.state.value,
             "connects": r.connects,
             "failed_attempts": r.failed_attempts,
@@ -165,10 +167,12 @@ def first_record(
             "name": detector.name,
             "weights": options.weights,
             "input_size": list(detector.input.size),
-            "classes_kept": sorted(detector.class_names[i] for i in keep) if keep else None,
+            "classes_kept": (
+                sorted(detector.class_names[i] for i in keep) if keep is not None else None
+            ),
         },
         config=dataclasses.asdict(pipeline.config),
-        sources=sources_record(cams, readers),
+        sources=sources_record(cams, readers, live=options.mode is Mode.LIVE),
         environment=environment(str(pipeline.device)),
         telemetry=pipeline.sampler.info.as_dict() if pipeline.sampler is not None else None,
         reconnect=dataclasses.asdict(options.reconnect) if live else None,
@@ -185,14 +189,15 @@ def final_record(
     **changes: Any,
 ) -> RunRecord:
     """The record once the run is over: what only then is known."""
+    live = record.mode == Mode.LIVE.value
     telemetry = record.telemetry
     if pipeline.sampler is not None:
         # metrics found unsupported during the run are known only now
         telemetry = {**pipeline.sampler.info.as_dict(), "samples": pipeline.sampler.samples_taken}
     return record.but(
         telemetry=telemetry,
-        sources=sources_record(cams, readers),  # live sizes are known once connected
-        live=live_record(pipeline, cams),
+        sources=sources_record(cams, readers, live=live),  # live sizes: known once connected
+        live=live_record(pipeline, cams, live=live),
         summary=stats_summary(stats),
         sinks=sinks_record(pipeline.sinks.report()),
         **changes,

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drivepercept.errors import ConfigError
-from drivepercept.geometry import check_camera_count, check_fps, check_size
+from drivepercept.geometry import check_camera_count, check_fps, check_size, parse_size
+
+__all__ = ["SimulationConfig", "parse_size"]
 
 
 @dataclass(frozen=True)

@@ -449,7 +449,7 @@ def cameras_from_sources(sources: Sequence[str]) -> list[tuple[str, Path]]:
         raise ServeError(one_line(str(exc))) from exc
     pairs = []
     for cam in cams:
-        if cam.video is None or not cam.video.exists():
+        if cam.video is None or not cam.video.is_file():
             raise ServeError(
                 f"camera {cam.name!r}: expected a rig .toml, a video or a folder of videos, "
                 f"got no file at {cam.video or cam.source}"

@@ -1,6 +1,7 @@
 """`--show`: a tiled live window with boxes, fps and latency per camera (OpenCV highgui).
 
-Drawn on the completion thread at most `refresh_hz` times a second; between redraws a frame
+Drawn on its own `sink-display` thread (a slow sink of the run's SinkSet) at most
+`refresh_hz` times a second; between redraws a frame
 costs one reference kept (tiles are built only when drawing), so a slow screen never slows the
 pipeline by more than one redraw per interval. Every window call (create, show, poll, destroy)
 happens on that one thread, as GUI toolkits require. Pressing q or Esc asks the run to stop

@@ -13,8 +13,10 @@ Two questions decide how a sink is run (`SinkPolicy`):
   as any stage's failure does (the pipeline's error handler), with every other output closed
   and valid.
 
-The set owns the lock and the closed flag: a result dispatched after `close()` began is not
-written and not counted (`dispatch` says so), so counts always match the files.
+The set owns the lock and the closed flag: a batch dispatched after `close()` began, or after
+an essential output failed, is not written and not counted (`dispatch` says so), so the
+counts match the run's own files. `close()` lets slow sinks write their backlog within
+`CLOSE_TIMEOUT_S`, and never waits past it: a sink still writing then is named, not closed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import enum
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,7 +49,7 @@ class SinkPolicy:
     """How a sink is run (see the module docstring)."""
 
     slow: bool = False
-    queue_batches: int = 16  # a slow sink's queue, in batches
+    queue_batches: int = 4  # a slow sink's queue, in batches (each holds original frames)
     when_full: DropPolicy = DropPolicy.DROP_OLDEST
     on_failure: OnFailure = OnFailure.ISOLATE
 
@@ -92,9 +95,13 @@ class SinkSet:
     def __init__(self, *, on_stop: Callable[[BaseException], None] | None = None) -> None:
         self.on_stop = on_stop
         self._entries: list[_Entry] = []
-        self._lock = threading.Lock()
-        self._closed = False
+        self._cond = threading.Condition()
+        self._closed = False  # no new batch is taken
+        self._stopping = False  # an essential output failed: later batches are not written
+        self._active = 0  # dispatches under way (close waits for them)
         self._started = False
+        self._stop = threading.Event()  # the run's stop: a blocked hand-over gives up
+        self.not_stopped: tuple[str, ...] = ()  # slow sinks whose thread outlived close
 
     def add(self, sink: Sink, policy: SinkPolicy | None = None, *, name: str | None = None) -> None:
         """Add a sink (before `start`)."""
@@ -119,15 +126,14 @@ class SinkSet:
     def sinks(self) -> tuple[Sink, ...]:
         return tuple(e.sink for e in self._entries)
 
-    @property
-    def threads(self) -> tuple[threading.Thread, ...]:
-        return tuple(e.thread for e in self._entries if e.thread is not None)
-
-    def start(self) -> None:
-        """Start the slow sinks' threads (idempotent)."""
+    def start(self, *, stop: threading.Event | None = None) -> None:
+        """Start the slow sinks' threads (idempotent). `stop` (the run's) ends any wait of a
+        blocked hand-over to a full slow sink."""
         if self._started:
             return
         self._started = True
+        if stop is not None:
+            self._stop = stop
         for e in self._entries:
             if e.policy.slow:
                 e.queue = queue.Queue(maxsize=e.policy.queue_batches)
@@ -138,9 +144,10 @@ class SinkSet:
 
     # ------------------------------------------------------------------ writing
 
-    def _write(self, e: _Entry, results: Sequence[FrameResult]) -> None:
+    def _write(self, e: _Entry, results: Sequence[FrameResult]) -> bool:
+        """Write to one sink; False when it failed (now or before)."""
         if e.failed is not None:
-            return
+            return False
         try:
             for r in results:
                 if r.original_bgr is not None and isinstance(e.sink, ImageSink):
@@ -149,92 +156,140 @@ class SinkSet:
                     e.sink.write(r)
                 e.written += 1
         except Exception as exc:
-            e.failed = one_line(f"{type(exc).__name__}: {exc}")
-            if e.policy.on_failure is OnFailure.STOP:
-                log.error("output %s failed, stopping the run: %s", e.name, e.failed)
-                if self.on_stop is not None:
-                    self.on_stop(exc)
-            else:
-                log.error(
-                    "output %s failed and is set aside; the run goes on: %s", e.name, e.failed
-                )
-
-    def dispatch(self, results: list[FrameResult]) -> bool:
-        """Hand one batch's results to every sink. False (nothing written) once closing."""
-        with self._lock:
-            if self._closed:
-                return False
-            for e in self._entries:
-                if e.queue is None:
-                    self._write(e, results)
-                elif e.failed is None:
-                    self._enqueue(e, results)
+            self._failed(e, exc)
+            return False
         return True
 
+    def _failed(self, e: _Entry, exc: BaseException) -> None:
+        e.failed = one_line(f"{type(exc).__name__}: {exc}")
+        if e.policy.on_failure is OnFailure.STOP:
+            log.error("output %s failed, stopping the run: %s", e.name, e.failed)
+            self._stopping = True
+            if self.on_stop is not None:
+                self.on_stop(exc)
+        else:
+            log.error("output %s failed and is set aside; the run goes on: %s", e.name, e.failed)
+
+    def dispatch(self, results: list[FrameResult]) -> bool:
+        """Hand one batch's results to every sink. False (and not counted by the caller) once
+        closing, or once an essential output failed: the counts then match its file."""
+        with self._cond:
+            if self._closed or self._stopping:
+                return False
+            self._active += 1
+        try:
+            for e in self._entries:
+                if e.queue is None:
+                    if not self._write(e, results) and e.policy.on_failure is OnFailure.STOP:
+                        return False
+                elif e.failed is None:
+                    self._enqueue(e, results)
+            return not self._stopping
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
     def _enqueue(self, e: _Entry, results: list[FrameResult]) -> None:
-        assert e.queue is not None
+        assert e.queue is not None and e.thread is not None
         while True:
             try:
                 e.queue.put_nowait(results)
                 break
             except queue.Full:
-                if e.policy.when_full is DropPolicy.BLOCK:
-                    # replay: the completion thread waits for the sink, so no frame is lost
-                    try:
-                        e.queue.put(results, timeout=_POLL_S)
-                        break
-                    except queue.Full:
-                        if e.thread is None or not e.thread.is_alive():
-                            return
-                        continue
+                pass
+            if e.policy.when_full is DropPolicy.BLOCK:
+                # replay: wait for the sink, so no frame is lost; but not past a stop, a
+                # close or the sink's end (the batch then counts as dropped)
+                if self._closed or self._stop.is_set() or not e.thread.is_alive():
+                    e.dropped += len(results)
+                    return
                 try:
-                    oldest = e.queue.get_nowait()
-                except queue.Empty:
+                    e.queue.put(results, timeout=_POLL_S)
+                    break
+                except queue.Full:
                     continue
-                e.dropped += len(oldest) if oldest is not None else 0
+            try:
+                oldest = e.queue.get_nowait()
+            except queue.Empty:
+                continue
+            e.dropped += len(oldest) if oldest is not None else 0
         e.high_water = max(e.high_water, e.queue.qsize())
 
     def _drain(self, e: _Entry) -> None:
         assert e.queue is not None
-        while True:
-            results = e.queue.get()
-            if results is None:
-                return
-            self._write(e, results)
+        try:
+            while True:
+                results = e.queue.get()
+                if results is None:
+                    return
+                if not self._write(e, results):
+                    e.dropped += len(results)  # a failed sink takes nothing more
+        except BaseException as exc:  # the thread must not die silently
+            self._failed(e, exc)
 
     # ------------------------------------------------------------------ closing
 
     def close(self) -> list[BaseException]:
-        """Stop taking results, let slow sinks write what is queued, close every sink.
+        """Stop taking results, let slow sinks write what is queued (within
+        CLOSE_TIMEOUT_S), close every sink whose thread has finished.
 
-        Returns the errors of sinks that failed to close (each logged); never raises.
+        Returns the errors of sinks that failed to close (each logged); never raises. A slow
+        sink still writing at the deadline is neither closed nor waited for: it is named in
+        `not_stopped` and its report.
         """
-        with self._lock:
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        with self._cond:
             if self._closed:
                 return []
             self._closed = True
+            # a dispatch under way finishes first (a blocked hand-over sees `_closed`)
+            while self._active and time.monotonic() < deadline:
+                self._cond.wait(timeout=_POLL_S)
         for e in self._entries:
             if e.queue is not None and e.thread is not None:
-                # the sentinel goes after the backlog: what was queued is written
-                while e.thread.is_alive():
-                    try:
-                        e.queue.put(None, timeout=_POLL_S)
-                        break
-                    except queue.Full:
-                        continue
-                e.thread.join(timeout=CLOSE_TIMEOUT_S)
-                if e.thread.is_alive():
-                    log.error(
-                        "output %s did not finish its backlog in %.0f s", e.name, CLOSE_TIMEOUT_S
-                    )
+                self._finish(e, deadline)
         errors: list[BaseException] = []
+        stuck = []
         for e in self._entries:
+            if e.thread is not None and e.thread.is_alive():
+                stuck.append(e.thread.name)
+                e.failed = e.failed or f"still writing {CLOSE_TIMEOUT_S:.0f} s after the run"
+                continue
             try:
                 e.sink.close()
             except Exception as exc:  # one sink failing to close must not lose the others
                 log.error("closing %s failed: %s", e.name, exc)
                 errors.append(exc)
+        self.not_stopped = tuple(stuck)
         return errors
+
+    def _finish(self, e: _Entry, deadline: float) -> None:
+        """Queue the end marker after the backlog and wait for the sink's thread; at the
+        deadline, what is still queued is dropped (and counted)."""
+        assert e.queue is not None and e.thread is not None
+        while e.thread.is_alive():
+            try:
+                e.queue.put(None, timeout=_POLL_S)
+                break
+            except queue.Full:
+                if time.monotonic() >= deadline:
+                    self._discard(e)
+        e.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if e.thread.is_alive():
+            log.error("output %s did not finish its backlog in %.0f s", e.name, CLOSE_TIMEOUT_S)
+            self._discard(e)
+            if not e.queue.full():
+                e.queue.put_nowait(None)  # it ends after the write it is stuck in
+
+    def _discard(self, e: _Entry) -> None:
+        assert e.queue is not None
+        while True:
+            try:
+                batch = e.queue.get_nowait()
+            except queue.Empty:
+                return
+            e.dropped += len(batch) if batch is not None else 0
 
     def report(self) -> dict[str, SinkReport]:
         return {

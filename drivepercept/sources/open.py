@@ -15,14 +15,16 @@ def open_cameras(
     cams: Sequence[CameraConfig],
     *,
     paced: bool,
+    live: bool = False,
     policy: ReconnectPolicy,
     stop: threading.Event,
 ) -> list[FrameReader]:
     """Every camera's reader, opened on this thread so that a bad file fails here, with a
     clear error, before any thread starts.
 
-    Replay (`paced` False): each file or image folder as fast as it decodes. Real-time and
-    live (`paced` True): reconnecting `LiveSource`s; a file among them plays at its own frame
+    `live`: a camera with a live source reads it, not its recorded video. Replay (`paced`
+    False): each file or image folder as fast as it decodes. Real-time and live (`paced`
+    True): reconnecting `LiveSource`s; a file among them plays at its own frame
     rate, and a device or stream connects on its decoder thread (a failure there is a state,
     not an exception).
     """
@@ -30,14 +32,14 @@ def open_cameras(
     try:
         for cam in cams:
             if paced:
-                source = camera_source(cam)
+                source = camera_source(cam, live=live)
                 readers.append(
                     LiveSource(
                         camera=cam.name, source=source, policy=policy, stop=stop, realtime=True
                     )
                 )
             else:
-                readers.append(open_reader(camera_source(cam)))
+                readers.append(open_reader(camera_source(cam, live=live)))
     except BaseException:
         for r in readers:
             r.close()

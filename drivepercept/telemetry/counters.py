@@ -9,7 +9,6 @@ first capture and last emission times. Exact per-frame figures are in frames.csv
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
@@ -135,7 +134,7 @@ class RunCounters:
                     fps=n / spans[i] if spans[i] > 0 else 0.0,
                     latency_ms=lat[i],
                     recent_fps=fps,
-                    recent_p95_ms=p95 if not math.isnan(p95) else math.nan,
+                    recent_p95_ms=p95,
                 )
             )
         return out
