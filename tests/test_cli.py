@@ -187,7 +187,7 @@ def _snapshot(name: str, fps: float, p95_ms: float) -> CameraSnapshot:
 
 
 def test_status_line_shows_each_camera_and_the_load() -> None:
-    from drivepercept.cli import status_line
+    from drivepercept.run.console import status_line
 
     cpu = LoadSample(
         t_ns=1,

@@ -30,7 +30,9 @@ def _batch(index: int, size: int = 2) -> list[FrameResult]:
             FrameMeta(f"c{i}", i, index, 0.0, 0, 0, 0, box),
             index,
             size,
-            Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0)),
+            Detections(
+                np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
+            ),
             timing,
         )
         for i in range(size)

@@ -291,7 +291,7 @@ def test_results_after_the_join_budget_are_dropped_not_written_to_closed_sinks()
     assert len(sink.results) == sum(p.frames_done())
 
 
-def test_live_view_and_load_samples_while_running() -> None:
+def test_camera_snapshots_and_load_samples_while_running() -> None:
     # given two cameras paced at about 50 fps and a 20 Hz load sampler
     class Loads:
         def __init__(self) -> None:

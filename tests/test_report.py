@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from drivepercept.cli import main
-from drivepercept.report import build_trace, load_run, write_comparison, write_report
+from drivepercept.report import load_run, write_comparison, write_report
+from drivepercept.report.trace import build_trace
 from drivepercept.sinks import FrameTimingCsvSink, LoadCsvSink
 from drivepercept.telemetry import STAGE_SPANS
 from drivepercept.types import (

@@ -16,9 +16,8 @@ from typing import NoReturn
 from drivepercept.cli.commands import EXIT_ERROR, EXIT_INTERRUPTED, HANDLERS, merged_settings
 from drivepercept.cli.parser import build_parser
 from drivepercept.errors import DrivePerceptError, one_line
-from drivepercept.run.console import status_line
 
-__all__ = ["main", "merged_settings", "run", "status_line"]
+__all__ = ["main", "merged_settings", "run"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,25 +11,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivepercept import report as reports
+from drivepercept import run as jobs
 from drivepercept.errors import ConfigError
-from drivepercept.run import (
-    DEFAULT_MODEL,
-    PIPELINE_KEYS,
-    RUN_KEYS,
-    EvalThresholds,
-    Mode,
-    ReconnectPolicy,
-    RunOptions,
-    RunResult,
-    bench,
-    evaluate,
-    read_settings_file,
-    run,
-)
-from drivepercept.run.console import Progress, report_lines, summary_table
+
+if TYPE_CHECKING:  # the jobs load torch and OpenCV: imported when a command runs them
+    from drivepercept.run import RunResult
+    from drivepercept.run.console import Progress
 
 log = logging.getLogger("drivepercept")
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
@@ -51,8 +41,8 @@ def merged_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str
     """
     settings: dict[str, Any] = {}
     if getattr(args, "config", None) is not None:
-        settings.update(read_settings_file(args.config))
-    for key in (*PIPELINE_KEYS, *RUN_KEYS, "report"):
+        settings.update(jobs.read_settings_file(args.config))
+    for key in (*jobs.PIPELINE_KEYS, *jobs.RUN_KEYS, "report"):
         value = getattr(args, key, None)
         if value is not None:
             settings[key] = value
@@ -65,17 +55,17 @@ def merged_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str
     return tuple(str(s) for s in sources), settings
 
 
-def run_options(args: argparse.Namespace, mode: Mode) -> RunOptions:
+def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
     sources, settings = merged_settings(args)
     formats = settings.get("report")
     flag = vars(args).get
     reconnect: dict[str, Any] = {k: flag(a) for k, a in RECONNECT.items() if flag(a) is not None}
-    return RunOptions(
+    return jobs.RunOptions(
         sources=sources,
         mode=mode,
-        model=settings.get("model", DEFAULT_MODEL),
+        model=settings.get("model", jobs.DEFAULT_MODEL),
         weights=settings.get("weights", "DEFAULT"),
-        settings={k: v for k, v in settings.items() if k in PIPELINE_KEYS},
+        settings={k: v for k, v in settings.items() if k in jobs.PIPELINE_KEYS},
         out_root=Path(settings.get("out", "runs")),
         name=settings.get("name"),
         save_video=bool(settings.get("save_video")),
@@ -87,7 +77,7 @@ def run_options(args: argparse.Namespace, mode: Mode) -> RunOptions:
         else (),
         budget_ms=float(settings.get("budget_ms", reports.DEFAULT_BUDGET_MS)),
         duration_s=flag("duration"),
-        reconnect=ReconnectPolicy(**reconnect),
+        reconnect=jobs.ReconnectPolicy(**reconnect),
         metrics_port=flag("metrics_port"),
         metrics_linger_s=flag("metrics_linger_s") or 0.0,
         show=can_show(bool(flag("show"))),
@@ -110,6 +100,8 @@ def _terminate(signum: int, frame: object) -> None:
 
 def _with_progress(args: argparse.Namespace, job: Callable[[Progress], Any]) -> Any:
     """Run a job with the progress display; SIGTERM stops it like Ctrl-C (drain, outputs)."""
+    from drivepercept.run.console import Progress
+
     bar = Progress(enabled=not args.no_progress and sys.stderr.isatty(), log_status=args.verbose)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -120,8 +112,11 @@ def _with_progress(args: argparse.Namespace, job: Callable[[Progress], Any]) -> 
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from drivepercept.run import run
+    from drivepercept.run.console import report_lines, summary_table
+
     live = args.command == "live"
-    mode = Mode.LIVE if live else Mode.REALTIME if args.realtime else Mode.REPLAY
+    mode = jobs.Mode.LIVE if live else jobs.Mode.REALTIME if args.realtime else jobs.Mode.REPLAY
     options = run_options(args, mode)
     result: RunResult = _with_progress(args, lambda bar: run(options, progress=bar))
     print(summary_table(result))
@@ -139,6 +134,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from drivepercept.run import EvalThresholds, evaluate
+
     sources, settings = merged_settings(args)
     if len(sources) != 1:
         raise ConfigError("eval takes exactly one clip (a folder or its rig.toml)")
@@ -150,11 +147,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         lambda bar: evaluate(
             sources[0],
             ground_truth=args.ground_truth,
-            model=settings.pop("model", DEFAULT_MODEL),
+            model=settings.pop("model", jobs.DEFAULT_MODEL),
             weights=settings.pop("weights", "DEFAULT"),
             out_root=Path(settings.pop("out", "runs")),
             name=settings.pop("name", None),
-            settings={k: v for k, v in settings.items() if k in PIPELINE_KEYS},
+            settings={k: v for k, v in settings.items() if k in jobs.PIPELINE_KEYS},
             thresholds=thresholds,
             progress=bar,
         ),
@@ -168,10 +165,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from drivepercept.run import bench
+
     if args.frames < 1 or args.rounds < 1:
         raise ConfigError(f"--frames and --rounds must be >= 1, got {args.frames}, {args.rounds}")
     result = bench(
-        run_options(args, Mode.REPLAY), frames_per_camera=args.frames, rounds=args.rounds
+        run_options(args, jobs.Mode.REPLAY), frames_per_camera=args.frames, rounds=args.rounds
     )
     print(result.table())
     return EXIT_OK
@@ -231,6 +230,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from drivepercept.run.console import report_lines
+
     if args.compare is not None:
         comparison = reports.write_comparison(args.run_dir, args.compare, budget_ms=args.budget_ms)
         print(comparison.text)

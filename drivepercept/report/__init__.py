@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from drivepercept.errors import ConfigError, OutputError
-from drivepercept.report.compare import comparison_text, render_comparison
-from drivepercept.report.html import render_html
 from drivepercept.report.rundata import ReportError, RunData, load_run
 from drivepercept.report.summary import (
     DEFAULT_BUDGET_MS,
@@ -27,7 +25,6 @@ from drivepercept.report.summary import (
     build_summary,
     latency_csv,
 )
-from drivepercept.report.trace import build_trace
 from drivepercept.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -85,6 +82,9 @@ def write_report(
         ConfigError: a bad format name or budget.
         OutputError: a file cannot be written.
     """
+    from drivepercept.report.html import render_html  # matplotlib: only when writing
+    from drivepercept.report.trace import build_trace
+
     chosen = parse_formats(list(formats))
     if not budget_ms > 0:
         raise ConfigError(f"budget_ms must be > 0, got {budget_ms:g}")
@@ -127,6 +127,8 @@ def write_comparison(
     Raises:
         ReportError, ConfigError, OutputError: as `write_report`.
     """
+    from drivepercept.report.compare import comparison_text, render_comparison
+
     if not budget_ms > 0:
         raise ConfigError(f"budget_ms must be > 0, got {budget_ms:g}")
     a, b = load_run(run_a), load_run(run_b)
@@ -151,7 +153,6 @@ __all__ = [
     "ReportResult",
     "RunData",
     "build_summary",
-    "build_trace",
     "load_run",
     "parse_formats",
     "write_comparison",

@@ -14,20 +14,53 @@ truth; `bench` compares the model alone, the pipeline and a naive loop.
 
 from __future__ import annotations
 
-from drivepercept.config import ReconnectPolicy
-from drivepercept.eval import EvalThresholds
-from drivepercept.run.bench import BenchResult, bench
-from drivepercept.run.evaluate import EvaluateResult, evaluate
-from drivepercept.run.job import RunResult, run
-from drivepercept.run.options import (
-    DEFAULT_MODEL,
-    PIPELINE_KEYS,
-    RUN_KEYS,
-    Mode,
-    RunOptions,
-    read_settings_file,
-)
-from drivepercept.sinks.fanout import OnFailure, SinkPolicy
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drivepercept.config import ReconnectPolicy
+    from drivepercept.eval import EvalThresholds
+    from drivepercept.run.bench import BenchResult, bench
+    from drivepercept.run.evaluate import EvaluateResult, evaluate
+    from drivepercept.run.job import RunResult, run
+    from drivepercept.run.options import (
+        DEFAULT_MODEL,
+        PIPELINE_KEYS,
+        RUN_KEYS,
+        Mode,
+        RunOptions,
+        read_settings_file,
+    )
+    from drivepercept.sinks.fanout import OnFailure, SinkPolicy
+
+# where each name lives: imported on first use, so that `drivepercept --help` (and anything
+# else that needs only options) does not load torch, OpenCV and matplotlib
+_HOMES = {
+    "ReconnectPolicy": "drivepercept.config",
+    "EvalThresholds": "drivepercept.eval",
+    "BenchResult": "drivepercept.run.bench",
+    "bench": "drivepercept.run.bench",
+    "EvaluateResult": "drivepercept.run.evaluate",
+    "evaluate": "drivepercept.run.evaluate",
+    "RunResult": "drivepercept.run.job",
+    "run": "drivepercept.run.job",
+    "DEFAULT_MODEL": "drivepercept.run.options",
+    "PIPELINE_KEYS": "drivepercept.run.options",
+    "RUN_KEYS": "drivepercept.run.options",
+    "Mode": "drivepercept.run.options",
+    "RunOptions": "drivepercept.run.options",
+    "read_settings_file": "drivepercept.run.options",
+    "OnFailure": "drivepercept.sinks.fanout",
+    "SinkPolicy": "drivepercept.sinks.fanout",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'drivepercept.run' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
 
 __all__ = [
     "DEFAULT_MODEL",

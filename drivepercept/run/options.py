@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from drivepercept.config import PipelineConfig, ReconnectPolicy
-from drivepercept.engine.device import resolve_device
 from drivepercept.errors import ConfigError
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml
@@ -66,6 +65,8 @@ class Mode(enum.Enum):
         """
         if self is Mode.REPLAY:
             return {}
+        from drivepercept.engine.device import resolve_device  # torch: only when needed
+
         cpu = resolve_device(str(settings.get("device", "auto"))).type == "cpu"
         in_flight = int(settings.get("max_in_flight", 1 if cpu else 2))
         return {

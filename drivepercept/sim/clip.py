@@ -1,7 +1,7 @@
 """`drivepercept simulate`: render a synthetic multi-camera drive to disk.
 
 Writes, into one folder: `<camera>.mp4` for every camera, `ground_truth.json` (COCO, see
-`groundtruth`) and `rig.toml` (the cameras, readable by `drivepercept.config.load_rig`).
+`groundtruth`) and `rig.toml` (the cameras, readable by `drivepercept.rig.load_rig`).
 
 The main thread renders; a named `encode` thread feeds the MP4 encoders (OpenCV releases the
 GIL while encoding, so on two cores rendering and encoding overlap). They are joined by a

@@ -4,7 +4,8 @@ annotated videos.
 Every sink has `write(result)` and `close()`, is a context manager, leaves valid files however
 the run ends (once closed), and raises `drivepercept.errors.OutputError` when its file cannot be
 created. Sinks that draw on the original frame also have `write_with_image(result, image_bgr)`
-(`ImageSink`); the pipeline calls that one for them.
+(`ImageSink`); the run's `SinkSet` calls that one for them, each sink under its policy
+(`sinks.fanout`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """What the pipeline needs from an output writer: the sink protocols.
 
-The pipeline calls every sink from its one emit thread, in frame order, so a sink need not be
-thread-safe; it must be fast (it sits on the latency path of every frame) and must leave valid
-files however the run ends, which is why the pipeline closes sinks in a `finally:`.
+A sink is called from one thread at a time, in frame order (the completion thread, or its
+own `sink-<name>` thread when its policy says it is slow; see `sinks.fanout`), so it need not
+be thread-safe; and it must leave valid files however the run ends, which is why it is
+closed in a `finally:`.
 """
 
 from __future__ import annotations
