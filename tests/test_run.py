@@ -244,3 +244,14 @@ def test_a_replay_through_the_api_on_cuda(tmp_path: Path) -> None:
     )
     result = run(options)
     assert result.stats.frames == 18 and result.stats.device == "cuda:0"
+
+
+def test_every_api_name_is_the_thing_it_names_not_a_module() -> None:
+    # (the package exports lazily; a submodule named like its function would shadow it)
+    import importlib
+    import types
+
+    api = importlib.import_module("drivepercept.run")
+    importlib.import_module("drivepercept.run.evaluation")  # imported first, elsewhere
+    for name in api.__all__:
+        assert not isinstance(getattr(api, name), types.ModuleType), name

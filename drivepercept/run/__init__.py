@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from drivepercept.config import ReconnectPolicy
     from drivepercept.eval import EvalThresholds
-    from drivepercept.run.bench import BenchResult, bench
-    from drivepercept.run.evaluate import EvaluateResult, evaluate
+    from drivepercept.run.benchmark import BenchResult, bench
+    from drivepercept.run.evaluation import EvaluateResult, evaluate
     from drivepercept.run.job import RunResult, run
     from drivepercept.run.options import (
         DEFAULT_MODEL,
@@ -38,10 +38,10 @@ if TYPE_CHECKING:
 _HOMES = {
     "ReconnectPolicy": "drivepercept.config",
     "EvalThresholds": "drivepercept.eval",
-    "BenchResult": "drivepercept.run.bench",
-    "bench": "drivepercept.run.bench",
-    "EvaluateResult": "drivepercept.run.evaluate",
-    "evaluate": "drivepercept.run.evaluate",
+    "BenchResult": "drivepercept.run.benchmark",
+    "bench": "drivepercept.run.benchmark",
+    "EvaluateResult": "drivepercept.run.evaluation",
+    "evaluate": "drivepercept.run.evaluation",
     "RunResult": "drivepercept.run.job",
     "run": "drivepercept.run.job",
     "DEFAULT_MODEL": "drivepercept.run.options",
@@ -59,7 +59,9 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'drivepercept.run' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # found here from now on
+    return value
 
 
 __all__ = [
