@@ -189,9 +189,9 @@ class Pipeline:
         self.stop_event.set()
 
     def _emit(self, results: list[FrameResult]) -> None:
-        """Completion thread: the sinks, then the counters. A batch that comes after the
-        sinks began closing (a completion thread that overran the join budget) is neither
-        written nor counted, so the counts always match the files."""
+        """Completion thread: the sinks, then the counters. A batch the sinks refuse (they
+        began closing, or an essential output failed) is not counted, so the counts match
+        the run's own files."""
         if self.sinks.dispatch(results):
             self.counters.add(results)
 

@@ -112,14 +112,19 @@ def make_run_dir(root: Path, name: str | None, *, prefix: str = "replay") -> Run
     raise OutputError(f"too many runs named {base!r} in {root}")
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Strict JSON (no NaN), written whole: a reader never sees half a file."""
+def write_text(path: Path, text: str) -> None:
+    """Written whole (a temporary name, then renamed): a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Strict JSON (no NaN), written whole."""
+    write_text(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
 
 
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")

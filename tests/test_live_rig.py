@@ -233,7 +233,7 @@ def test_a_refused_camera_fails_while_the_others_run(tmp_path: Path, server: Cam
     run = tmp_path / "refused"
     record = json.loads((run / "run.json").read_text())
     assert record["live"]["bad"]["state"] == "failed"
-    assert record["status"] == "complete"
+    assert (record["command"], record["status"]) == ("live", "complete")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["cameras"]["bad"]["frames"] == 0
     assert summary["cameras"]["bad"]["live"]["state"] == "failed"
@@ -286,7 +286,7 @@ def test_realtime_replay_keeps_up_or_counts_every_drop(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     record = json.loads((tmp_path / "rt" / "run.json").read_text())
-    assert record["mode"] == "realtime"
+    assert (record["mode"], record["command"]) == ("realtime", "replay --realtime")
     for name, cam in record["summary"]["cameras"].items():
         # every frame of the 120-frame videos was processed or dropped and counted
         assert cam["frames"] + cam["dropped"] == 120, (name, cam)

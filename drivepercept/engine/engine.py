@@ -71,7 +71,6 @@ class _InFlight:
 
     staged: _Staged
     outputs: Outputs
-    done: torch.cuda.Event | None = None
     inferred: torch.cuda.Event | None = None
     compute_started: torch.cuda.Event | None = None
     times_ns: dict[str, int] = field(default_factory=dict)
@@ -347,15 +346,15 @@ class InferenceEngine:
             packed, counts = self.step.postprocess(flight.outputs)
             self._out[:n].copy_(packed, non_blocking=self.cuda)
             self._counts[:n].copy_(counts, non_blocking=self.cuda)
-            if self.cuda:
-                flight.done = _new_event(waited_on=True)
-                flight.done.record()
+            done = _new_event(waited_on=True) if self.cuda else None
+            if done is not None:
+                done.record()
         if not self.cuda:
             flight.times_ns["postprocessed"] = time.monotonic_ns()
             return staged.copy_done_ns
-        assert flight.done is not None and staged.start is not None and staged.copied is not None
+        assert done is not None and staged.start is not None and staged.copied is not None
         assert flight.compute_started is not None and flight.inferred is not None
-        flight.done.synchronize()
+        done.synchronize()
 
         def at(event: torch.cuda.Event) -> int:
             assert staged.start is not None
@@ -363,7 +362,7 @@ class InferenceEngine:
 
         flight.times_ns["compute_start"] = at(flight.compute_started)
         flight.times_ns["inference_done"] = at(flight.inferred)
-        flight.times_ns["postprocessed"] = at(flight.done)
+        flight.times_ns["postprocessed"] = at(done)
         return at(staged.copied)
 
     def _finish(self, flight: _InFlight) -> None:

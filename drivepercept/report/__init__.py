@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drivepercept.errors import ConfigError, OutputError
+from drivepercept.errors import ConfigError
 from drivepercept.report.rundata import ReportError, RunData, load_run
 from drivepercept.report.summary import (
     DEFAULT_BUDGET_MS,
@@ -25,7 +25,7 @@ from drivepercept.report.summary import (
     build_summary,
     latency_csv,
 )
-from drivepercept.rundir import RunDir
+from drivepercept.rundir import RunDir, write_text
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +58,6 @@ def parse_formats(text: str | Iterable[str]) -> tuple[str, ...]:
     return names
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror}") from None
-
-
 def write_report(
     run_dir: Path | str,
     *,
@@ -94,13 +85,13 @@ def write_report(
     for fmt in chosen:
         path = data.run_dir / FORMATS[fmt]
         if fmt == "json":
-            _write_text(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
+            write_text(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
         elif fmt == "csv":
-            _write_text(path, latency_csv(summary))
+            write_text(path, latency_csv(summary))
         elif fmt == "html":
-            _write_text(path, render_html(data, summary))
+            write_text(path, render_html(data, summary))
         else:
-            _write_text(path, json.dumps(build_trace(data), separators=(",", ":")) + "\n")
+            write_text(path, json.dumps(build_trace(data), separators=(",", ":")) + "\n")
         files.append(path)
     return ReportResult(
         run_dir=data.run_dir, files=tuple(files), summary=summary, problems=data.problems
@@ -135,7 +126,7 @@ def write_comparison(
     sa = build_summary(a, budget_ms=budget_ms)
     sb = build_summary(b, budget_ms=budget_ms)
     path = out or RunDir(a.run_dir).comparison_html(b.name)
-    _write_text(path, render_comparison(a, sa, b, sb))
+    write_text(path, render_comparison(a, sa, b, sb))
     problems = tuple(f"{a.name}: {p}" for p in a.problems) + tuple(
         f"{b.name}: {p}" for p in b.problems
     )

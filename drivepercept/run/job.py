@@ -34,6 +34,7 @@ from drivepercept.sinks.fanout import OnFailure, SinkPolicy, SinkSet
 from drivepercept.sinks.load import LoadCsvSink
 from drivepercept.sinks.metrics import MetricsExporter
 from drivepercept.sources.open import open_cameras
+from drivepercept.sources.readers import FrameReader
 from drivepercept.telemetry.counters import CameraStats, RunStats
 from drivepercept.types import CameraState, DropPolicy
 
@@ -182,11 +183,11 @@ def _run(
     pipeline: Pipeline,
     run_dir: RunDir,
     cams: tuple[CameraConfig, ...],
-    readers: Sequence[Any],
+    readers: Sequence[FrameReader],
     progress: Callable[[Pipeline], None] | None,
 ) -> RunResult:
     try:
-        record = first_record(options, pipeline.detector, pipeline, cams, readers)
+        record = first_record(options, pipeline, cams, readers)
     except BaseException:
         pipeline.close()
         raise

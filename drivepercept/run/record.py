@@ -34,7 +34,6 @@ import torch
 import torchvision
 
 from drivepercept import __version__
-from drivepercept.models.base import Detector
 from drivepercept.pipeline import Pipeline
 from drivepercept.rig import CameraConfig, camera_source
 from drivepercept.run.options import Mode, RunOptions
@@ -151,12 +150,12 @@ def sinks_record(reports: dict[str, SinkReport]) -> dict[str, Any]:
 
 def first_record(
     options: RunOptions,
-    detector: Detector,
     pipeline: Pipeline,
     cams: Sequence[CameraConfig],
     readers: Sequence[FrameReader],
 ) -> RunRecord:
     """The record written before the run starts (status "running")."""
+    detector = pipeline.detector
     keep = detector.keep_labels
     live = options.mode is not Mode.REPLAY
     return RunRecord(

@@ -19,6 +19,7 @@ import cv2
 import numpy as np
 
 from drivepercept.errors import DrivePerceptError
+from drivepercept.rig import is_stream
 from drivepercept.types import CameraState, ImageU8, ReaderStatus, StateChange
 
 __all__ = ["ReaderStatus", "StateChange"]  # re-exported: the readers' vocabulary
@@ -83,9 +84,7 @@ class VideoReader:
 
     def __init__(self, path: str | Path, *, fps: float | None = None) -> None:
         self.path = str(path)
-        if not any(
-            self.path.startswith(p) for p in ("rtsp://", "http://", "https://", "udp://", "tcp://")
-        ):
+        if not is_stream(self.path):
             p = Path(self.path)
             if not p.exists():
                 raise SourceError(f"video not found: {p}")

@@ -22,11 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from drivepercept.types import GpuSample, LoadSample
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +75,11 @@ class GpuRef:
         return f"{self.pci_domain:08x}:{self.pci_bus:02x}:{self.pci_device:02x}.0"
 
 
-def gpu_refs(device: Any) -> tuple[GpuRef, ...]:
+def gpu_refs(device: torch.device) -> tuple[GpuRef, ...]:
     """The GPU a torch device runs on, by PCI address, for NVML (none for the CPU)."""
-    if getattr(device, "type", "cpu") != "cuda":
+    if device.type != "cuda":
         return ()
-    import torch
+    import torch  # only here: the report reads throttle names without loading torch
 
     index = device.index or 0
     props: Any = torch.cuda.get_device_properties(index)  # pci_* are missing from its stubs
