@@ -33,7 +33,7 @@ from drivepercept.sim.camera import CameraModel, default_rig_cameras
 from drivepercept.sim.render import Renderer
 from drivepercept.sim.world import generate_world
 from drivepercept.sources.prepare import prepare
-from drivepercept.types import InputSpec, Letterbox
+from drivepercept.types import Letterbox
 
 log = logging.getLogger("train")
 
@@ -60,7 +60,7 @@ def render_samples(
 ) -> list[Sample]:
     """Render every default camera at `instants` times per seed."""
     cams = [CameraModel.from_config(c) for c in default_rig_cameras(6, width=640, height=360)]
-    spec = InputSpec(size=tiny.INPUT_SIZE)
+    spec = tiny.input_spec()
     samples = []
     for seed in seeds:
         world = generate_world(seed, duration_s=instants * spacing_s + 1.0)

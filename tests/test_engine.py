@@ -102,9 +102,14 @@ def test_postprocess_filters_by_score_and_class_and_suppresses_overlaps() -> Non
             "labels": torch.tensor([1, 1, 2, 1]),
         }
     ]
-    keep = torch.tensor([False, True, True])
+    remap = torch.tensor([-1, 1, 2])  # class 0 dropped, the others kept as they are
     packed, counts = postprocess(
-        outputs, score_threshold=0.5, iou_threshold=0.5, max_detections=5, keep=keep, num_classes=3
+        outputs,
+        score_threshold=0.5,
+        iou_threshold=0.5,
+        max_detections=5,
+        remap=remap,
+        num_classes=3,
     )
     # the second box overlaps the first (same class) and goes; the low score goes;
     # the same box with another class stays (NMS is per class)
@@ -116,10 +121,21 @@ def test_postprocess_filters_by_score_and_class_and_suppresses_overlaps() -> Non
         score_threshold=0.5,
         iou_threshold=0.5,
         max_detections=5,
-        keep=torch.tensor([False, True, False]),
+        remap=torch.tensor([-1, 1, -1]),
         num_classes=3,
     )
     assert counts.tolist() == [1]
+    # classes 1 and 2 reported as one class 0: one NMS group, so the same box of both is one
+    packed, counts = postprocess(
+        outputs,
+        score_threshold=0.5,
+        iou_threshold=0.5,
+        max_detections=5,
+        remap=torch.tensor([-1, 0, 0]),
+        num_classes=1,
+    )
+    assert counts.tolist() == [1]
+    assert packed[0, 0, 4:].tolist() == pytest.approx([0.9, 0.0])
 
 
 def _per_image_reference(
@@ -188,7 +204,7 @@ def test_batched_postprocess_equals_the_per_image_one(crowded: bool, first_label
             score_threshold=threshold,
             iou_threshold=0.5,
             max_detections=50,
-            keep=keep,
+            remap=None if keep is None else torch.where(keep, torch.arange(91), -1),
             num_classes=91,
         )
         assert torch.equal(got[1], want[1]), trial

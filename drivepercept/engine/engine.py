@@ -376,7 +376,7 @@ class InferenceEngine:
         times = flight.times_ns
         counts = self._counts[: batch.size].tolist()
         packed = self._out[: batch.size].numpy()
-        names = self.detector.class_names
+        names = self.step.class_names
         emitted = time.monotonic_ns()
         results = []
         for row, meta in enumerate(batch.frames):

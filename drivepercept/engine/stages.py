@@ -21,13 +21,17 @@ def to_model_input(
     std: Sequence[float] | torch.Tensor,
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
+    value_range: float = 1.0,
 ) -> torch.Tensor:
-    """(B, H, W, 3) uint8 RGB -> (B, 3, H, W) float, `(x / 255 - mean) / std`.
+    """(B, H, W, 3) uint8 (in the model's channel order) -> (B, 3, H, W) float,
+    `(x * value_range / 255 - mean) / std`.
 
     `mean` and `std` may be given as (1, 3, 1, 1) tensors already on the device (the engine
     makes them once) so that no per-batch host-to-device copy is needed.
     """
-    x = batch_u8.permute(0, 3, 1, 2).to(dtype).div_(255.0)
+    x = batch_u8.permute(0, 3, 1, 2).to(dtype)
+    if value_range != 255.0:
+        x = x.div_(255.0 / value_range)
     given_tensors = isinstance(mean, torch.Tensor) or isinstance(std, torch.Tensor)
     # decided on the host: comparing device tensors here would synchronise every batch
     if given_tensors or any(v != 0.0 for v in mean) or any(v != 1.0 for v in std):
@@ -38,15 +42,12 @@ def to_model_input(
     return x.contiguous(memory_format=memory_format)
 
 
-def keep_table(
-    keep_labels: frozenset[int] | None, n_classes: int, device: torch.device
-) -> torch.Tensor | None:
-    """A bool lookup table (keep[label]) for the class filter; None keeps every class."""
-    if keep_labels is None:
+def label_table(table: Sequence[int], device: torch.device) -> torch.Tensor | None:
+    """The class map as a lookup tensor (remap[label] = reported label, -1 dropped); None
+    when it changes nothing (every label kept as itself)."""
+    if list(table) == list(range(len(table))):
         return None
-    keep = torch.zeros(max(n_classes, max(keep_labels, default=0) + 1), dtype=torch.bool)
-    keep[list(keep_labels)] = True
-    return keep.to(device)
+    return torch.tensor(list(table) or [-1], dtype=torch.int64).to(device)
 
 
 def grouped_nms(
@@ -82,7 +83,7 @@ def postprocess(
     iou_threshold: float,
     max_detections: int,
     num_classes: int,
-    keep: torch.Tensor | None = None,
+    remap: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Filter, suppress and pack a whole batch's detections with batched tensor operations.
 
@@ -101,9 +102,10 @@ def postprocess(
         score_threshold: boxes scoring below are dropped.
         iou_threshold: class-aware NMS overlap.
         max_detections: K, the most boxes kept per image (highest scores).
-        num_classes: the detector's class count; out-of-range labels (negative, or at or
+        num_classes: the count of reported classes; out-of-range labels (negative, or at or
             above it) share one NMS group per image.
-        keep: optional bool lookup table, keep[label] says whether a class is kept.
+        remap: optional lookup table (`label_table`): remap[label] is the label reported for
+            a model label, -1 drops it (the class filter); labels past its end are dropped.
 
     Returns:
         packed (B, K, 6) float32 [x0, y0, x1, y1, score, label] and counts (B,) int32, on
@@ -125,8 +127,10 @@ def postprocess(
     )
     # a non-finite box is junk, and would spoil the NMS shifts of the whole batch
     mask = (scores >= score_threshold) & torch.isfinite(boxes).all(dim=1)
-    if keep is not None:
-        mask &= keep[labels.clamp(0, keep.numel() - 1)] & (labels < keep.numel())
+    if remap is not None:
+        known = (labels >= 0) & (labels < remap.numel())
+        labels = torch.where(known, remap[labels.clamp(0, remap.numel() - 1)], -1)
+        mask &= labels >= 0
     index = mask.nonzero().squeeze(1)  # the filter's one wait for the device
     boxes, scores = boxes.index_select(0, index), scores.index_select(0, index)
     labels, image = labels.index_select(0, index), image.index_select(0, index)

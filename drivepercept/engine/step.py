@@ -15,7 +15,7 @@ import torch
 
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.precision import autocast, set_reduced_precision
-from drivepercept.engine.stages import keep_table, postprocess, to_model_input
+from drivepercept.engine.stages import label_table, postprocess, to_model_input
 from drivepercept.models.base import Detector, ModelError
 
 Outputs = list[dict[str, torch.Tensor]]
@@ -58,12 +58,18 @@ class DetectorStep:
         if any(v != 0.0 for v in spec.mean) or any(v != 1.0 for v in spec.std):
             self.mean = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1)
             self.std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
-        self.keep = keep_table(detector.keep_labels, len(detector.class_names), device)
+        # what the pipeline reports: the kept classes, renamed and merged as the detector says
+        self.class_names, table = detector.output_classes()
+        self.remap = label_table(table, device)
 
     def normalise(self, batch_u8: torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 on the device -> the model's float input."""
         return to_model_input(
-            batch_u8, mean=self.mean, std=self.std, channels_last=self.config.channels_last
+            batch_u8,
+            mean=self.mean,
+            std=self.std,
+            channels_last=self.config.channels_last,
+            value_range=self.detector.input.value_range,
         )
 
     def forward(self, x: torch.Tensor) -> Outputs:
@@ -81,8 +87,8 @@ class DetectorStep:
             score_threshold=cfg.score_threshold,
             iou_threshold=cfg.iou_threshold,
             max_detections=cfg.max_detections,
-            keep=self.keep,
-            num_classes=len(self.detector.class_names),
+            remap=self.remap,
+            num_classes=len(self.class_names),
         )
 
     def __call__(self, batch_u8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

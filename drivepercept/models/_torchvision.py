@@ -16,19 +16,8 @@ import torch
 
 from drivepercept.models import _weights
 from drivepercept.models.base import Detector, InputSpec
-
-# COCO classes a vehicle cares about; `keep_labels` holds their indices.
-DRIVING_CLASSES: tuple[str, ...] = (
-    "person",
-    "bicycle",
-    "car",
-    "motorcycle",
-    "bus",
-    "truck",
-    "traffic light",
-    "stop sign",
-)
-
+from drivepercept.models.classes import coco_driving_view
+from drivepercept.types import Interpolation, PadPlacement
 
 # The parts that run in fp16/bf16 under mixed precision: the backbone with its FPN and the
 # heads (convolutions and matrix products: the work that gains). Anchors, box decoding, RoI
@@ -71,6 +60,8 @@ _MODELS: dict[str, _Entry] = {
 }
 
 NAMES: tuple[str, ...] = tuple(_MODELS)
+# torchvision's image_mean (0.485, 0.456, 0.406) in uint8 RGB
+_IMAGENET_MEAN_U8 = (124, 116, 104)
 
 
 def coco_categories() -> tuple[str, ...]:
@@ -83,11 +74,26 @@ def coco_categories() -> tuple[str, ...]:
     return tuple(FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
 
 
-def driving_labels(class_names: tuple[str, ...]) -> frozenset[int]:
-    """Label indices of `DRIVING_CLASSES` in `class_names`."""
-    labels = frozenset(i for i, name in enumerate(class_names) if name in DRIVING_CLASSES)
-    assert len(labels) == len(DRIVING_CLASSES), "COCO metadata lacks a driving class"
-    return labels
+def input_spec(name: str) -> InputSpec:
+    """What the model's own transform (`GeneralizedRCNNTransform`) does to a frame, at an
+    input size where its inner resize is the identity.
+
+    The transform takes RGB in [0, 1], resizes bilinearly (`interpolate`, no antialias: what
+    OpenCV's `INTER_LINEAR` does) and normalises inside the model, so mean 0 and std 1 here.
+    SSD stretches to its fixed size. The others keep the aspect ratio and batch images at the
+    top-left of a canvas padded with zeros after normalising: the ImageNet mean colour here,
+    which normalises to zero.
+    """
+    entry = _MODELS[name]
+    if name.startswith("ssd"):
+        return InputSpec(size=entry.size, letterbox=False, interpolation=Interpolation.BILINEAR)
+    return InputSpec(
+        size=entry.size,
+        letterbox=True,
+        pad_value=_IMAGENET_MEAN_U8,
+        pad=PadPlacement.TOP_LEFT,
+        interpolation=Interpolation.BILINEAR,
+    )
 
 
 def build(name: str, weights: str | None) -> Detector:
@@ -121,13 +127,14 @@ def build(name: str, weights: str | None) -> Detector:
             source = weights
         _weights.apply_state_dict(module, state, source=source, model_name=name)
     module.eval()
-    spec = InputSpec(size=entry.size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), letterbox=True)
+    keep, report_as = coco_driving_view(class_names)
     return Detector(
         name=name,
         module=module,
-        input=spec,
+        input=input_spec(name),
         class_names=class_names,
-        keep_labels=driving_labels(class_names),
+        keep_labels=keep,
+        report_as=report_as,
         set_postprocess=lambda score, iou, k: _set_postprocess(module, score, iou, k),
         reduced_precision=entry.reduced_precision,
     )

@@ -1,8 +1,9 @@
 """What the engine needs from a detector: the plugin protocol.
 
 A detector is a `torch.nn.Module` plus a little metadata. Its forward takes a float batch
-(B, 3, H, W), RGB, at the detector's input size, already normalised as `InputSpec` asks
-(`(pixel / 255 - mean) / std`), and returns one dict per image with
+(B, 3, H, W) at the detector's input size, prepared exactly as its `InputSpec` says (resize,
+letterbox or stretch, channel order, value range, mean/std), and returns one dict per image
+with
 
 * `boxes`: (N, 4) float, xyxy in input pixels,
 * `scores`: (N,) float,
@@ -40,6 +41,9 @@ class Detector:
             that pushes the engine's post-processing settings into the model's own (torchvision
             detectors filter candidates internally at a very low score; telling them the final
             threshold saves building and suppressing boxes the engine would drop anyway).
+        report_as: the name each label is reported under (same length as `class_names`),
+            None for `class_names` themselves. Labels that share a name become one class:
+            one NMS group, one name in the output (COCO's bicycle and motorcycle -> cyclist).
         reduced_precision: dotted names of the submodules (backbone, neck, heads) that run in
             fp16/bf16 when a reduced precision is asked for; everything else (anchors, box
             decoding, NMS) then runs in float32. None runs the whole forward under autocast:
@@ -53,6 +57,33 @@ class Detector:
     keep_labels: frozenset[int] | None = None
     set_postprocess: Callable[[float, float, int], None] | None = None
     reduced_precision: tuple[str, ...] | None = None
+    report_as: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.report_as is not None and len(self.report_as) != len(self.class_names):
+            raise ModelError(
+                f"model {self.name}: report_as has {len(self.report_as)} names for "
+                f"{len(self.class_names)} classes"
+            )
+
+    def output_classes(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The classes the pipeline reports, and where each model label goes.
+
+        Returns:
+            (names, table): the reported class names (kept labels only, in label order of
+            first appearance) and, per model label, its index in `names`, -1 if dropped.
+        """
+        shown = self.report_as if self.report_as is not None else self.class_names
+        names: list[str] = []
+        table: list[int] = []
+        for label, name in enumerate(shown):
+            if self.keep_labels is not None and label not in self.keep_labels:
+                table.append(-1)
+                continue
+            if name not in names:
+                names.append(name)
+            table.append(names.index(name))
+        return tuple(names), tuple(table)
 
     def configure_postprocess(
         self, *, score_threshold: float, iou_threshold: float, max_detections: int

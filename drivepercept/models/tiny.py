@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from drivepercept.models.base import Detector, InputSpec, ModelError
+from drivepercept.types import ColorOrder, Interpolation, PadPlacement
 
 NAME = "drivepercept-tiny"
 CLASSES: tuple[str, ...] = (
@@ -121,6 +122,23 @@ def decode(
     return out
 
 
+def input_spec() -> InputSpec:
+    """What it was trained with (`scripts/train_default_model.py` prepares frames with
+    `prepare` at this spec): area-averaged shrink, centred letterbox padded with 114, RGB
+    scaled to [0, 1], then MEAN/STD."""
+    return InputSpec(
+        size=INPUT_SIZE,
+        mean=MEAN,
+        std=STD,
+        letterbox=True,
+        pad_value=114,
+        interpolation=Interpolation.AREA,
+        pad=PadPlacement.CENTER,
+        channels=ColorOrder.RGB,
+        value_range=1.0,
+    )
+
+
 def make_tiny(weights: str | None = "bundled") -> Detector:
     """The bundled detector. `weights`: "bundled"/"DEFAULT" (models/drivepercept_tiny.pt),
     a state-dict path, or None for random initialisation (training, tests)."""
@@ -142,6 +160,6 @@ def make_tiny(weights: str | None = "bundled") -> Detector:
     return Detector(
         name=NAME,
         module=module,
-        input=InputSpec(size=INPUT_SIZE, mean=MEAN, std=STD, letterbox=True),
+        input=input_spec(),
         class_names=CLASSES,
     )

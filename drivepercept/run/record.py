@@ -156,7 +156,7 @@ def first_record(
 ) -> RunRecord:
     """The record written before the run starts (status "running")."""
     detector = pipeline.detector
-    keep = detector.keep_labels
+    reported, _ = detector.output_classes()
     live = options.mode is not Mode.REPLAY
     return RunRecord(
         command=options.run_command,
@@ -166,9 +166,7 @@ def first_record(
             "name": detector.name,
             "weights": options.weights,
             "input_size": list(detector.input.size),
-            "classes_kept": (
-                sorted(detector.class_names[i] for i in keep) if keep is not None else None
-            ),
+            "classes_kept": (list(reported) if detector.keep_labels is not None else None),
         },
         config=dataclasses.asdict(pipeline.config),
         sources=sources_record(cams, readers, live=options.mode is Mode.LIVE),

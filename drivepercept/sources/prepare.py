@@ -1,41 +1,86 @@
-"""CPU preparation of a decoded frame for the model: resize or letterbox, BGR -> RGB."""
+"""CPU preparation of a decoded frame for the model, exactly as its `InputSpec` says: resize
+(area or bilinear), letterbox (centred or top-left) or stretch, channel order.
+
+Everything here stays uint8 (4x less memory traffic than float); value scaling and mean/std
+happen on the device (`engine/stages.to_model_input`).
+"""
 
 from __future__ import annotations
+
+import math
 
 import cv2
 import numpy as np
 
-from drivepercept.types import ImageU8, InputSpec, Letterbox
+from drivepercept.types import (
+    ColorOrder,
+    ImageU8,
+    InputSpec,
+    Interpolation,
+    Letterbox,
+    PadPlacement,
+)
 
 
 def plan_letterbox(src_size: tuple[int, int], spec: InputSpec) -> Letterbox:
-    """Where a frame of `src_size` lands in the model input (pure geometry)."""
+    """Where a frame of `src_size` lands in the model input (pure geometry).
+
+    A letterboxed frame is scaled by `min(dst_w / src_w, dst_h / src_h)` and its size rounded
+    down to whole pixels, as the models' own preparations do (YOLOX's `int(w * r)`,
+    torchvision's `interpolate(scale_factor=..., recompute_scale_factor=True)`): rounding to
+    nearest gave a 1280x720 frame 569 columns where torchvision's transform gives 568, a
+    different scale for the whole image. The scales recorded are the exact ratios of the
+    whole-pixel size, so that boxes map back to the original pixels the resize sampled.
+    """
     sw, sh = src_size
     dw, dh = spec.size
     if not spec.letterbox:
         return Letterbox(src_size, spec.size, dw / sw, dh / sh, 0.0, 0.0)
     scale = min(dw / sw, dh / sh)
-    nw, nh = max(1, round(sw * scale)), max(1, round(sh * scale))
-    return Letterbox(
-        src_size, spec.size, nw / sw, nh / sh, float((dw - nw) // 2), float((dh - nh) // 2)
-    )
+    nw, nh = min(dw, max(1, _floor(sw * scale))), min(dh, max(1, _floor(sh * scale)))
+    if spec.pad is PadPlacement.TOP_LEFT:
+        left, top = 0, 0
+    else:
+        left, top = (dw - nw) // 2, (dh - nh) // 2
+    return Letterbox(src_size, spec.size, nw / sw, nh / sh, float(left), float(top))
+
+
+def _floor(x: float) -> int:
+    """Rounded down, but a product that is a whole number up to float error stays whole
+    (0.7 * 360 is 251.99999999999997 in floats: the sample rig's 252 rows, not 251)."""
+    return math.floor(x + 1e-6)
+
+
+def _filter(spec: InputSpec, shrinking: bool) -> int:
+    if spec.interpolation is Interpolation.AREA and shrinking:
+        return cv2.INTER_AREA
+    return cv2.INTER_LINEAR
 
 
 def prepare(image_bgr: ImageU8, spec: InputSpec) -> tuple[ImageU8, Letterbox]:
-    """Resize/letterbox a BGR frame to `spec.size` and return it as RGB with its geometry."""
+    """A BGR frame -> the model's uint8 input (H, W, 3) in its channel order, and where the
+    frame sits in it."""
     h, w = image_bgr.shape[:2]
     box = plan_letterbox((w, h), spec)
     dw, dh = spec.size
     nw, nh = round(w * box.scale_x), round(h * box.scale_y)
-    interp = cv2.INTER_AREA if nw < w else cv2.INTER_LINEAR
-    resized = (
-        image_bgr if (nw, nh) == (w, h) else cv2.resize(image_bgr, (nw, nh), interpolation=interp)
-    )
-    rgb = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
+    resized: ImageU8 = image_bgr
+    if (nw, nh) != (w, h):
+        shrinking = nw * nh < w * h
+        resized = np.asarray(
+            cv2.resize(image_bgr, (nw, nh), interpolation=_filter(spec, shrinking)), np.uint8
+        )
+    rgb = spec.channels is ColorOrder.RGB
+    out = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB) if rgb else resized
     if (nw, nh) != (dw, dh):
         left, top = int(box.pad_x), int(box.pad_y)
-        v = spec.pad_value
-        rgb = cv2.copyMakeBorder(
-            rgb, top, dh - nh - top, left, dw - nw - left, cv2.BORDER_CONSTANT, value=(v, v, v)
+        out = cv2.copyMakeBorder(
+            out,
+            top,
+            dh - nh - top,
+            left,
+            dw - nw - left,
+            cv2.BORDER_CONSTANT,
+            value=spec.pad_color,
         )
-    return np.ascontiguousarray(rgb), box
+    return np.ascontiguousarray(out), box

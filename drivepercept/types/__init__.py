@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from drivepercept.errors import ModelError
+# (re-exported: the model-input types live in their own module, imported from here)
+from drivepercept.types.model_input import DRIVING_CLASSES as DRIVING_CLASSES
+from drivepercept.types.model_input import ColorOrder as ColorOrder
+from drivepercept.types.model_input import InputSpec as InputSpec
+from drivepercept.types.model_input import Interpolation as Interpolation
+from drivepercept.types.model_input import Letterbox as Letterbox
+from drivepercept.types.model_input import PadPlacement as PadPlacement
 
 FloatArray = npt.NDArray[np.float32]
 ImageU8 = npt.NDArray[np.uint8]
@@ -103,63 +108,6 @@ class CameraSnapshot:
     short_by: int
     discarded: int
     reader: ReaderStatus
-
-
-@dataclass(frozen=True)
-class Letterbox:
-    """How a frame of `src_size` was fitted into a model input of `dst_size`.
-
-    The frame is scaled by (scale_x, scale_y) (equal for a letterbox, different for a plain
-    stretch) and placed at (pad_x, pad_y); the rest of the input is padding.
-    """
-
-    src_size: tuple[int, int]  # (width, height) of the original frame
-    dst_size: tuple[int, int]  # (width, height) of the model input
-    scale_x: float
-    scale_y: float
-    pad_x: float
-    pad_y: float
-
-    def to_original(self, xyxy: npt.NDArray[np.floating[Any]]) -> FloatArray:
-        """Boxes (N, 4) in model-input pixels -> original-frame pixels, clipped to the frame."""
-        boxes: FloatArray = np.array(xyxy, dtype=np.float32).reshape(-1, 4)
-        boxes[:, 0::2] = (boxes[:, 0::2] - self.pad_x) / self.scale_x
-        boxes[:, 1::2] = (boxes[:, 1::2] - self.pad_y) / self.scale_y
-        np.clip(boxes[:, 0::2], 0.0, float(self.src_size[0]), out=boxes[:, 0::2])
-        np.clip(boxes[:, 1::2], 0.0, float(self.src_size[1]), out=boxes[:, 1::2])
-        return boxes
-
-    def to_input(self, xyxy: npt.NDArray[np.floating[Any]]) -> FloatArray:
-        """Boxes (N, 4) in original-frame pixels -> model-input pixels (the inverse)."""
-        boxes: FloatArray = np.array(xyxy, dtype=np.float32).reshape(-1, 4)
-        boxes[:, 0::2] = boxes[:, 0::2] * self.scale_x + self.pad_x
-        boxes[:, 1::2] = boxes[:, 1::2] * self.scale_y + self.pad_y
-        return boxes
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """The input a detector wants, and so how decoder threads prepare frames for it.
-
-    Attributes:
-        size: (width, height) of the input in pixels.
-        mean, std: per-channel RGB normalisation of pixels scaled to [0, 1].
-        letterbox: keep the aspect ratio and pad (True) or stretch to the size (False).
-        pad_value: uint8 value of the padding.
-    """
-
-    size: tuple[int, int]
-    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    letterbox: bool = True
-    pad_value: int = 114
-
-    def __post_init__(self) -> None:
-        w, h = self.size
-        if not (16 <= w <= 8192 and 16 <= h <= 8192):
-            raise ModelError(f"model input size must be 16..8192 pixels a side, got {w}x{h}")
-        if any(s <= 0 for s in self.std):
-            raise ModelError(f"model input std must be positive, got {self.std}")
 
 
 @dataclass(frozen=True)
