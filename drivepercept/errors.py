@@ -19,7 +19,7 @@ class ModelError(DrivePerceptError):
     """A model cannot be built or its weights cannot be loaded."""
 
 
-def one_line(text: str, *, limit: int = 300) -> str:
+def one_line(text: str, *, limit: int = 400) -> str:
     """Collapse whitespace and newlines, and cut to `limit` characters (for error lines)."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."

@@ -1,13 +1,15 @@
 """The model registry: a name (or a plugin path) and a weights choice -> a ready `Detector`.
 
 Names are the bundled `drivepercept-tiny` (trained on the synthetic rig; its "DEFAULT"
-weights are the file shipped in `models/`) and torchvision's COCO detectors (see
+weights are the file shipped in `models/`), the YOLOX family (`yolox-nano` ... `yolox-x`,
+COCO; "DEFAULT" is the official release checkpoint, downloaded once, and a path may be a
+`.pth` checkpoint or an `.onnx` export) and torchvision's COCO detectors (see
 `available_models()`). A name with a colon,
 `package.module:factory`, is a plugin: the module is imported and `factory(weights)` must
 return a `Detector`. Weights are chosen the same way for every model:
 
 * `"none"` (any case) or None: random initialisation, for tests and timing runs;
-* `"DEFAULT"` (any case): torchvision's pretrained COCO weights, downloaded once into
+* `"DEFAULT"` (any case): the model's published pretrained weights, downloaded once into
   torch.hub's cache;
 * anything else: the path of a state dict saved with `torch.save(model.state_dict(), path)`.
 """
@@ -17,19 +19,26 @@ from __future__ import annotations
 import difflib
 import importlib
 
-from drivepercept.models import _torchvision, tiny
+from drivepercept.models import _torchvision, tiny, yolox_weights
 from drivepercept.models._weights import short_reason
 from drivepercept.models.base import Detector, ModelError
+from drivepercept.models.classes import with_classes
 
 PLUGIN_FORM = "package.module:factory"
 
 
 def available_models() -> tuple[str, ...]:
     """Registered model names (plugins, `package.module:factory`, are not listed)."""
-    return (tiny.NAME, *_torchvision.NAMES)
+    return (tiny.NAME, *yolox_weights.NAMES, *_torchvision.NAMES)
 
 
-def load_detector(name: str, *, weights: str | None = "none") -> Detector:
+def load_detector(
+    name: str,
+    *,
+    weights: str | None = "none",
+    classes: str = "driving",
+    input_size: tuple[int, int] | None = None,
+) -> Detector:
     """Builds a detector, in eval mode, on the CPU.
 
     Args:
@@ -37,6 +46,10 @@ def load_detector(name: str, *, weights: str | None = "none") -> Detector:
         weights: "none"/None (random), "DEFAULT" (pretrained download) or a state dict path.
             A plugin's factory receives None for "none", "DEFAULT" for any spelling of it,
             and the path otherwise.
+        classes: "driving" (the detector's class filter, COCO classes mapped onto the
+            driving ones) or "all" (every class it has).
+        input_size: (width, height) for models that run at any size (YOLOX: multiples of
+            32); None for the model's default.
 
     Returns:
         The detector.
@@ -46,10 +59,21 @@ def load_detector(name: str, *, weights: str | None = "none") -> Detector:
             the message is one line.
     """
     weights = _normalise_weights(weights)
+    if input_size is not None and name not in yolox_weights.NAMES:
+        raise ModelError(
+            f"model {name} has a fixed input size; an input size can be chosen for "
+            f"{', '.join(yolox_weights.NAMES)}"
+        )
+    return with_classes(_build(name, weights, input_size), classes)
+
+
+def _build(name: str, weights: str | None, input_size: tuple[int, int] | None) -> Detector:
     if ":" in name:
         return _load_plugin(name, weights)
     if name == tiny.NAME:
         return tiny.make_tiny(weights)
+    if name in yolox_weights.NAMES:
+        return yolox_weights.build(name, weights, input_size=input_size)
     if name in _torchvision.NAMES:
         return _torchvision.build(name, weights)
     close = [n for n in available_models() if name.lower() in n]
