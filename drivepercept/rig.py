@@ -71,10 +71,13 @@ class CameraConfig:
 
 @dataclass(frozen=True)
 class RigConfig:
-    """The cameras of one vehicle, in a fixed order (the batch order of the pipeline)."""
+    """The cameras of one vehicle, in a fixed order (the batch order of the pipeline), and
+    optionally the model that runs on them by default (a synthetic rig names the model
+    trained on it)."""
 
     cameras: tuple[CameraConfig, ...]
     source_path: Path | None = field(default=None, compare=False)
+    model: str | None = None
 
     def __post_init__(self) -> None:
         check_camera_count(len(self.cameras))
@@ -207,10 +210,14 @@ def load_rig(path: str | Path) -> RigConfig:
     if not isinstance(cameras, list) or not cameras:
         raise ConfigError(f"rig file {path} has no [[cameras]] entries")
     base_dir = path.resolve().parent
+    model = data.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ConfigError(f"rig file {path}: model must be a model name, got {model!r}")
     try:
         return RigConfig(
             cameras=tuple(_camera_from_table(raw, i, base_dir) for i, raw in enumerate(cameras)),
             source_path=path,
+            model=model,
         )
     except ConfigError as exc:
         raise ConfigError(f"rig file {path}: {exc}") from None
@@ -265,7 +272,7 @@ def write_rig(
             them.
     """
     path = Path(path)
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = {"model": rig.model} if rig.model else {}
     for key, table in (extra or {}).items():
         data[key] = dict(table)
     data["cameras"] = [_camera_to_table(c, path.parent) for c in rig.cameras]
@@ -288,6 +295,16 @@ def write_rig(
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm", ".ts"})
 STREAM_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://", "rtmp://")
+
+
+def rig_model(sources: Sequence[str]) -> str | None:
+    """The model every rig file among `sources` names, when all sources are rig files that
+    name the same one (None otherwise: the caller picks the default)."""
+    models = {
+        load_rig(s).model if s.lower().endswith(".toml") and "://" not in s else None
+        for s in sources
+    }
+    return models.pop() if len(models) == 1 else None
 
 
 def is_stream(source: str) -> bool:

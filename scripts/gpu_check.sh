@@ -5,8 +5,9 @@
 #   1. environment: nvidia-smi, torch/CUDA/OpenCV versions
 #   2. the tests marked `cuda` (pinned ring, slot reuse, copy/compute overlap, batches in
 #      flight, fp16/bf16 geometry, real NVML)
-#   3. `drivepercept bench` (model-only vs pipeline vs naive) for ssdlite in fp32 and fp16
-#      and for drivepercept-tiny in bf16
+#   3. `drivepercept bench` (model-only vs pipeline vs naive) for ssdlite in fp32 and fp16,
+#      for drivepercept-tiny in bf16 and for yolox-nano in fp16 (random weights: no network
+#      there; a score threshold of 0.99 keeps its untrained scores from flooding NMS)
 #   4. replays of the sample rig in fp32 and fp16 with their latency reports (warm-up,
 #      batches in flight) and the fp32/fp16 comparison
 #   5. NVML figures present in the fp32 run's summary.json
@@ -126,7 +127,7 @@ cuda_tests() {
 
 bench() {
     local model="$1" precision="$2"
-    drivepercept bench sample_videos/rig.toml --model "$model" --weights "$3" \
+    drivepercept bench sample_videos/rig.toml --model "$model" --weights "$3" "${@:4}" \
         --device "$DEVICE" --precision "$precision" --frames "$FRAMES" --rounds "$ROUNDS" \
         | tee "$WORK/results/bench-$model-$precision.txt"
 }
@@ -183,8 +184,9 @@ while True:  # the server is up once it accepts a connection
             sys.exit("gpu_check: the camera server did not come up in 20 s")
         time.sleep(0.2)
 PY
-    drivepercept live "${cams[@]}" --device "$DEVICE" --precision "$LIVE_PRECISION" \
-        --duration "$LIVE_S" --out "$RUNS" --name live --no-progress
+    # the served cameras show the synthetic world: its model (a URL has no rig to name it)
+    drivepercept live "${cams[@]}" --model drivepercept-tiny --device "$DEVICE" \
+        --precision "$LIVE_PRECISION" --duration "$LIVE_S" --out "$RUNS" --name live --no-progress
 }
 
 sampler_cost() {
@@ -205,6 +207,7 @@ step "cuda tests" 100 cuda_tests
 step "bench ssdlite fp32" 30 bench ssdlite320_mobilenet_v3_large fp32 none
 step "bench ssdlite $HALF" 30 bench ssdlite320_mobilenet_v3_large "$HALF" none
 step "bench drivepercept-tiny bf16" 30 bench drivepercept-tiny bf16 DEFAULT
+step "bench yolox-nano $HALF" 30 bench yolox-nano "$HALF" none --score-threshold 0.99
 step "replay fp32" 35 replay fp32
 step "replay $HALF" 35 replay "$HALF"
 step "compare fp32 vs $HALF" 15 drivepercept report "$RUNS/replay-fp32" \

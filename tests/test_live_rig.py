@@ -199,9 +199,14 @@ def test_camera_server_outage_and_reconnect(tmp_path: Path) -> None:
     assert "reconnecting" in (run_dir / "report.html").read_text()
 
 
-def _cli(*args: str) -> subprocess.Popen[str]:
+# The served cameras show the synthetic world: its model (a URL names no rig, so the default
+# would be the real-road yolox-nano, whose weights are not here).
+MODEL = ("--model", "drivepercept-tiny")
+
+
+def _cli(command: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "drivepercept", *args],
+        [sys.executable, "-m", "drivepercept", command, *MODEL, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -413,6 +418,7 @@ def test_show_opens_a_live_window_on_a_display(tmp_path: Path, server: CameraSer
                 "-m",
                 "drivepercept",
                 "live",
+                *MODEL,
                 *args,
                 "--show",
                 "--duration",
@@ -456,6 +462,7 @@ def test_show_without_a_display_runs_without_a_window(tmp_path: Path, server: Ca
             "-m",
             "drivepercept",
             "live",
+            *MODEL,
             f"--camera=front={server.url('front')}",
             "--show",
             "--duration",

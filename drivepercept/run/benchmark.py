@@ -130,7 +130,12 @@ def bench(
     `options`' (replay mode)."""
     cams = resolve_cameras(options.sources)
     config = options.pipeline()
-    detector = detector or load_detector(options.model, weights=options.weights)
+    detector = detector or load_detector(
+        options.model_name,
+        weights=options.weights,
+        classes=options.classes,
+        input_size=options.input_size,
+    )
     device = resolve_device(config.device)
     # the engine's own steps, run synchronously: the same model set-up and precision
     runner = DetectorStep(detector, config, device)

@@ -130,7 +130,12 @@ def run(
     exporter: MetricsExporter | None = None
     pipeline: Pipeline | None = None
     try:
-        det = detector or load_detector(options.model, weights=options.weights)
+        det = detector or load_detector(
+            options.model_name,
+            weights=options.weights,
+            classes=options.classes,
+            input_size=options.input_size,
+        )
         pipeline = Pipeline(
             cameras=list(zip(names, readers, strict=True)),
             detector=det,

@@ -13,13 +13,19 @@ from typing import Any
 
 from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
+from drivepercept.geometry import parse_size
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
-from drivepercept.rig import read_toml
+from drivepercept.rig import read_toml, rig_model
 
-DEFAULT_MODEL = "drivepercept-tiny"
+# The real-road default: a pretrained COCO detector (its official weights are downloaded once).
+# A synthetic rig's rig.toml names the model trained on it instead (drivepercept-tiny).
+DEFAULT_MODEL = "yolox-nano"
 PIPELINE_KEYS = frozenset(f.name for f in dataclasses.fields(PipelineConfig))
 # the other keys of a settings file (and of the CLI flags that mean the same)
-RUN_KEYS = frozenset({"model", "weights", "out", "name", "save_video", "mosaic", "budget_ms"})
+RUN_KEYS = frozenset(
+    {"model", "weights", "classes", "input_size", "out", "name", "save_video", "mosaic"}
+    | {"budget_ms"}
+)
 FILE_KEYS = PIPELINE_KEYS | RUN_KEYS | {"report", "sources"}
 
 
@@ -85,7 +91,12 @@ class RunOptions:
         sources: rig files, videos, image folders, NAME=SOURCE items, devices or URLs
             (resolved by `drivepercept.rig.resolve_cameras`).
         mode: see `Mode` (a string is taken too).
-        model, weights: the detector (`drivepercept.models.load_detector`).
+        model, weights: the detector (`drivepercept.models.load_detector`); model None is
+            the model the rig file names (every source a rig naming the same one), else
+            `DEFAULT_MODEL`.
+        classes: "driving" (the driving classes, COCO's mapped onto them) or "all".
+        input_size: (width, height) of the model input, for models that take any
+            (YOLOX); None for the model's default.
         settings: `PipelineConfig` fields the caller chose; the mode fills in the rest.
         out_root, name: the run folder is out_root/name (name defaults to <mode>-<date>-<time>).
         save_video, mosaic: annotated videos, per camera or tiled.
@@ -100,8 +111,10 @@ class RunOptions:
 
     sources: tuple[str, ...]
     mode: Mode = Mode.REPLAY
-    model: str = DEFAULT_MODEL
+    model: str | None = None
     weights: str | None = "DEFAULT"
+    classes: str = "driving"
+    input_size: tuple[int, int] | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     out_root: Path = Path("runs")
     name: str | None = None
@@ -125,6 +138,12 @@ class RunOptions:
         object.__setattr__(self, "out_root", Path(self.out_root))
         if not self.sources:
             raise ConfigError("give at least one source: a rig.toml, a video, a folder or a URL")
+        if self.model is None:
+            object.__setattr__(self, "model", rig_model(self.sources) or DEFAULT_MODEL)
+        if self.classes not in ("driving", "all"):
+            raise ConfigError(f"classes must be driving or all, got {self.classes!r}")
+        if isinstance(self.input_size, str):
+            object.__setattr__(self, "input_size", parse_size(self.input_size))
         unknown = sorted(set(self.settings) - PIPELINE_KEYS)
         if unknown:
             raise ConfigError(f"unknown pipeline settings {unknown}")
@@ -141,6 +160,12 @@ class RunOptions:
         bad = [f for f in self.report_formats if f not in FORMATS]
         if bad:
             raise ConfigError(f"report formats are {', '.join(ALL_FORMATS)}, got {bad}")
+
+    @property
+    def model_name(self) -> str:
+        """The model that runs (resolved in __post_init__)."""
+        assert self.model is not None
+        return self.model
 
     @property
     def run_command(self) -> str:

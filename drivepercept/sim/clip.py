@@ -33,6 +33,9 @@ from drivepercept.sim.world import generate_world
 log = logging.getLogger(__name__)
 
 RIG_FILE = "rig.toml"
+# the model trained on this world (drivepercept.models.tiny.NAME; named, not imported, so that
+# simulating needs no torch): a synthetic rig's runs default to it
+TRAINED_MODEL = "drivepercept-tiny"
 GROUND_TRUTH_FILE = "ground_truth.json"
 _QUEUE_DEPTH = 4
 _JOIN_TIMEOUT_S = 30.0
@@ -122,6 +125,18 @@ class _VideoEncoder:
             writer.release()
 
 
+def log_progress(every_s: float = 2.0) -> Callable[[int, int], None]:
+    """A `progress` callback that logs "rendered N/M frames" at INFO every `every_s`."""
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if time.monotonic() - last[0] >= every_s or done == total:
+            last[0] = time.monotonic()
+            log.info("rendered %d/%d frames", done, total)
+
+    return progress
+
+
 def simulate_clip(
     config: SimulationConfig,
     *,
@@ -160,7 +175,8 @@ def simulate_clip(
                 extrinsics=c.extrinsics,
             )
             for c, v in zip(cams, videos, strict=True)
-        )
+        ),
+        model=TRAINED_MODEL,
     )
     sim_info = {
         "generator": "drivepercept simulate",
