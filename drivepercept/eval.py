@@ -1,14 +1,16 @@
-"""`drivepercept eval`: detection accuracy against a clip's ground truth, with COCO metrics.
+"""`drivepercept eval`: detection accuracy against ground truth, with COCO metrics.
 
 The detections come from the replay pipeline (the same code path as `replay`); the metrics
 from pycocotools' COCOeval, the reference implementation. Objects too hidden or too small to
-be fair targets (visibility or box height below the thresholds) become COCO "crowd" regions:
-a detection on one is neither a hit nor a false positive, and missing one costs nothing.
+be fair targets (visibility or box height below the thresholds), and those the labels mark as
+ignore regions, become COCO "crowd" regions: a detection of their class on one is neither a
+hit nor a false positive, and missing one costs nothing.
 
-Classes are matched by name: a model's class names are lower-cased, spaces become
-underscores, and COCO names are mapped onto the synthetic rig's (person -> pedestrian,
-bicycle -> cyclist, traffic light -> traffic_light, stop sign -> traffic_sign). Detections of
-classes the ground truth does not have are left out.
+Classes are matched by name, on the driving classes: a model's class names are lower-cased,
+spaces become underscores, and COCO names are mapped (person -> pedestrian, bicycle and
+motorcycle -> cyclist, traffic light -> traffic_light, stop sign -> traffic_sign). Labelled
+data maps onto them by a table per format (KITTI, nuScenes, MOTChallenge, COCO: below).
+Detections of classes the ground truth does not have are left out.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ from typing import Any
 import numpy as np
 
 from drivepercept.errors import ConfigError
+from drivepercept.types import DRIVING_CLASSES
 
 GROUND_TRUTH_FILE = "ground_truth.json"
-EVAL_SCHEMA_VERSION = 1
+EVAL_SCHEMA_VERSION = 2  # 2: recall at IoU .5 and targets per class
 
 CLASS_ALIASES: Mapping[str, str] = {
     "person": "pedestrian",
     "bicycle": "cyclist",
+    "motorcycle": "cyclist",
+    "motorbike": "cyclist",  # Darknet's spelling
     "traffic_light": "traffic_light",
     "stop_sign": "traffic_sign",
 }
@@ -42,6 +47,88 @@ def canonical_class(name: str) -> str:
     """A model's class name as the ground truth spells it."""
     key = name.strip().lower().replace(" ", "_")
     return CLASS_ALIASES.get(key, key)
+
+
+@dataclass(frozen=True)
+class ClassRule:
+    """What a labelled class becomes: a target of a driving class, or an ignore region of one
+    (a fair confusion: a detection of that class on it costs nothing)."""
+
+    driving_class: str
+    scored: bool = True
+
+    def __post_init__(self) -> None:
+        if self.driving_class not in DRIVING_CLASSES:
+            raise ConfigError(f"expected one of {DRIVING_CLASSES}, got {self.driving_class!r}")
+
+
+def _t(name: str) -> ClassRule:
+    return ClassRule(name)
+
+
+def _i(name: str) -> ClassRule:
+    return ClassRule(name, scored=False)
+
+
+# KITTI's own benchmark ignores Van for Car and Person_sitting for Pedestrian; trams look like
+# buses. Misc and DontCare are dropped.
+KITTI_CLASSES: Mapping[str, ClassRule] = {
+    "Car": _t("car"),
+    "Van": _i("car"),
+    "Truck": _t("truck"),
+    "Tram": _i("bus"),
+    "Pedestrian": _t("pedestrian"),
+    "Person_sitting": _i("pedestrian"),
+    "Cyclist": _t("cyclist"),
+}
+# trailers and construction vehicles pass for trucks; cones and barriers are no driving class
+NUSCENES_CLASSES: Mapping[str, ClassRule] = {
+    "car": _t("car"),
+    "truck": _t("truck"),
+    "bus": _t("bus"),
+    "pedestrian": _t("pedestrian"),
+    "bicycle": _t("cyclist"),
+    "motorcycle": _t("cyclist"),
+    "trailer": _i("truck"),
+    "construction_vehicle": _i("truck"),
+}
+# MOTChallenge scores pedestrians (class 1, consider == 1) only; its distractors (person on a
+# vehicle, static person, distractor, reflection) are ignore regions of pedestrians, as in its
+# own benchmark; vehicles are ignore regions of their class (MOT labels them incompletely, so
+# they are never targets); non-motorised vehicles and occluders (6, 9-11) are dropped.
+MOT_CLASSES: Mapping[int, ClassRule] = {
+    1: _t("pedestrian"),
+    2: _i("pedestrian"),
+    7: _i("pedestrian"),
+    8: _i("pedestrian"),
+    12: _i("pedestrian"),
+    3: _i("car"),
+    4: _i("cyclist"),
+    5: _i("cyclist"),
+}
+# a COCO json's table, chosen by its category names: all of them named (or dropped) by one
+TABLES: Mapping[str, tuple[Mapping[str, ClassRule], frozenset[str]]] = {
+    "kitti": (KITTI_CLASSES, frozenset({"Misc", "DontCare"})),
+    "nuscenes": (NUSCENES_CLASSES, frozenset({"traffic_cone", "barrier"})),
+}
+
+
+def class_table(names: Iterable[str]) -> str:
+    """kitti or nuscenes when every category name is one of theirs, else coco."""
+    names = set(names)
+    for table, (rules, dropped) in TABLES.items():
+        if names and names <= set(rules) | dropped:
+            return table
+    return "coco"
+
+
+def class_rule(table: str, name: str) -> ClassRule | None:
+    """A category of a COCO json's table; None: dropped. The coco table maps names as model
+    outputs are (`canonical_class`: person -> pedestrian, ...), so our own names map too."""
+    if table in TABLES:
+        return TABLES[table][0].get(name)
+    key = canonical_class(name)
+    return _t(key) if key in DRIVING_CLASSES else None
 
 
 @dataclass(frozen=True)
@@ -65,13 +152,15 @@ class EvalReport:
     map_50_95: float
     map_50: float
     recall: float  # AR@100 over IoU .5:.95
+    # per class: ap_50_95, ap_50, recall_50 (at IoU .5, 100 detections per image), targets
     per_class: dict[str, dict[str, float]]
-    per_camera: dict[str, dict[str, float]]
+    per_camera: dict[str, dict[str, float]]  # ap_50_95, ap_50, recall_50
     images: int
     targets: int  # ground-truth boxes scored
     ignored: int  # ground-truth boxes turned into ignore regions
     detections: int
     thresholds: EvalThresholds = field(default_factory=EvalThresholds)
+    recall_50: float = -1.0  # mean over classes of recall at IoU .5 (100 detections per image)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -82,14 +171,15 @@ class EvalReport:
         def f(v: float, width: int) -> str:  # -1: nothing to score here
             return f"{v:>{width}.3f}" if v >= 0 else f"{'n/a':>{width}}"
 
-        rows = [
-            f"{'':<16} {'mAP@.5:.95':>10} {'mAP@.5':>8}",
-            f"{'all':<16} {f(self.map_50_95, 10)} {f(self.map_50, 8)}",
-        ]
-        for name, ap in self.per_class.items():
-            rows.append(f"{name:<16} {f(ap['ap_50_95'], 10)} {f(ap['ap_50'], 8)}")
-        for name, ap in self.per_camera.items():
-            rows.append(f"{'cam ' + name:<16} {f(ap['ap_50_95'], 10)} {f(ap['ap_50'], 8)}")
+        overall = {"ap_50_95": self.map_50_95, "ap_50": self.map_50, "recall_50": self.recall_50}
+        lines = [("all", overall, str(self.targets))]
+        lines += [(name, ap, str(int(ap["targets"]))) for name, ap in self.per_class.items()]
+        lines += [("cam " + name, ap, "") for name, ap in self.per_camera.items()]
+        w = max(16, *(len(name) + 1 for name, _, _ in lines))
+        rows = [f"{'':<{w}} {'mAP@.5:.95':>10} {'mAP@.5':>8} {'recall@.5':>9} {'targets':>7}"]
+        for name, ap, targets in lines:
+            scores = f"{f(ap['ap_50_95'], 10)} {f(ap['ap_50'], 8)} {f(ap['recall_50'], 9)}"
+            rows.append(f"{name:<{w}} {scores} {targets:>7}")
         rows.append(
             f"recall (AR@100) {f(self.recall, 5).strip()}; {self.targets} targets, "
             f"{self.ignored} ignored, {self.detections} detections, "
@@ -211,7 +301,7 @@ def evaluate(
         a = dict(ann)
         small = float(a["bbox"][3]) < th.min_height_px
         hidden = float(a.get("visibility", 1.0)) < th.min_visibility
-        a["iscrowd"] = 1 if (small or hidden) else 0
+        a["iscrowd"] = 1 if (small or hidden or a.get("iscrowd")) else 0
         a.setdefault("area", float(a["bbox"][2]) * float(a["bbox"][3]))
         ignored += a["iscrowd"]
         annotations.append(a)
@@ -265,6 +355,7 @@ def evaluate(
     per_class: dict[str, dict[str, float]] = {}
     if main is not None:
         precision = main.eval["precision"]  # [T, R, K, A, M]
+        recall = main.eval["recall"]  # [T, K, A, M]; -1: no target of that class
         for k, cat in enumerate(main.params.catIds):
             name = next(n for n, i in cat_ids.items() if i == cat)
             p = precision[:, :, k, 0, -1]
@@ -272,13 +363,23 @@ def evaluate(
                 per_class[name] = {
                     "ap_50_95": float(np.mean(p[p > -1])),
                     "ap_50": _mean_valid(precision[0, :, k, 0, -1]),
+                    "recall_50": float(recall[0, k, 0, -1]),
+                    "targets": sum(
+                        1 for a in annotations if a["category_id"] == cat and not a["iscrowd"]
+                    ),
                 }
     per_camera: dict[str, dict[str, float]] = {}
     for cam in sorted({c for c, _ in image_ids}):
         ids = sorted(i for (c, _), i in image_ids.items() if c == cam)
         ev = run(ids)
         stats = ev.stats if ev is not None else np.full(12, -1.0)
-        per_camera[cam] = {"ap_50_95": float(stats[0]), "ap_50": float(stats[1])}
+        per_camera[cam] = {
+            "ap_50_95": float(stats[0]),
+            "ap_50": float(stats[1]),
+            "recall_50": _mean_valid(ev.eval["recall"][0, :, 0, -1], empty=-1.0)
+            if ev is not None
+            else -1.0,
+        }
     return EvalReport(
         map_50_95=float(report_stats[0]),
         map_50=float(report_stats[1]),
@@ -290,12 +391,15 @@ def evaluate(
         ignored=ignored,
         detections=len(results),
         thresholds=th,
+        recall_50=float(np.mean([c["recall_50"] for c in per_class.values()]))
+        if per_class
+        else -1.0,
     )
 
 
-def _mean_valid(values: np.ndarray[Any, Any]) -> float:
+def _mean_valid(values: np.ndarray[Any, Any], *, empty: float = 0.0) -> float:
     valid = values[values > -1]
-    return float(valid.mean()) if valid.size else 0.0
+    return float(valid.mean()) if valid.size else empty
 
 
 def clip_paths(clip: str | Path, ground_truth: str | Path | None = None) -> tuple[Path, Path]:

@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,8 +62,10 @@ def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
     return jobs.RunOptions(
         sources=sources,
         mode=mode,
-        model=settings.get("model", jobs.DEFAULT_MODEL),
+        model=settings.get("model"),
         weights=settings.get("weights", "DEFAULT"),
+        classes=settings.get("classes", "driving"),
+        input_size=settings.get("input_size"),
         settings={k: v for k, v in settings.items() if k in jobs.PIPELINE_KEYS},
         out_root=Path(settings.get("out", "runs")),
         name=settings.get("name"),
@@ -138,29 +139,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     sources, settings = merged_settings(args)
     if len(sources) != 1:
-        raise ConfigError("eval takes exactly one clip (a folder or its rig.toml)")
-    thresholds = EvalThresholds(
-        min_visibility=args.min_visibility, min_height_px=args.min_height_px
-    )
+        raise ConfigError("eval takes exactly one clip: a rig, a MOT sequence or a COCO json")
+    th = EvalThresholds(min_visibility=args.min_visibility, min_height_px=args.min_height_px)
     result = _with_progress(
         args,
         lambda bar: evaluate(
             sources[0],
             ground_truth=args.ground_truth,
-            model=settings.pop("model", jobs.DEFAULT_MODEL),
-            weights=settings.pop("weights", "DEFAULT"),
-            out_root=Path(settings.pop("out", "runs")),
-            name=settings.pop("name", None),
-            settings={k: v for k, v in settings.items() if k in jobs.PIPELINE_KEYS},
-            thresholds=thresholds,
+            settings=settings,
+            thresholds=th,
             progress=bar,
         ),
     )
     if result is None:
         print("interrupted: no evaluation", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(result.report.table())
-    print(f"run folder: {result.run.run_dir}")
+    print(f"{result.report.table()}\nrun folder: {result.run.run_dir}")
     return EXIT_OK
 
 
@@ -177,7 +171,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from drivepercept.sim.clip import simulate_clip
+    from drivepercept.sim.clip import log_progress, simulate_clip
     from drivepercept.sim.config import SimulationConfig, parse_size
 
     width, height = parse_size(args.size)
@@ -191,14 +185,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         seed=args.seed,
         noise=not args.no_noise,
     )
-    last = [0.0]
-
-    def progress(done: int, total: int) -> None:  # logged with -v
-        if time.monotonic() - last[0] >= 2.0 or done == total:
-            last[0] = time.monotonic()
-            log.info("rendered %d/%d frames", done, total)
-
-    result = simulate_clip(config, progress=progress)
+    result = simulate_clip(config, progress=log_progress())  # logged with -v
     per_cam_fps = result.frames / result.elapsed_s if result.elapsed_s > 0 else 0.0
     print(
         f"wrote {len(result.videos)} videos x {result.frames} frames, {result.annotations} "

@@ -28,6 +28,8 @@ Newest frame wins (drops counted); a failing camera reconnects while the others 
     "eval": """
   drivepercept simulate --out /tmp/heldout --seed 9001 --seconds 4
   drivepercept eval /tmp/heldout --model ssdlite320_mobilenet_v3_large --weights DEFAULT
+  drivepercept eval MOT17-02-FRCNN   # a MOTChallenge sequence: seqinfo.ini, gt/gt.txt, img1/
+  drivepercept eval kitti/kitti_infos_mono3d.coco.json   # COCO json; images below its folder
 Ground truth less visible than --min-visibility or lower than --min-height-px is ignored.""",
     "bench": """
   drivepercept bench sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
@@ -70,8 +72,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         p,
         ("--rig", str, "a rig file (same as giving it as a SOURCE)"),
         ("--config", Path, "TOML file with the same keys as the flags"),
-        ("--model", str, f"registry name or package.module:factory (default {DEFAULT_MODEL})"),
-        ("--weights", str, "DEFAULT (bundled / downloaded), a state-dict path, or none"),
+        ("--model", str, f"name or pkg.module:factory (default: rig's, else {DEFAULT_MODEL})"),
+        ("--weights", str, "DEFAULT (bundled / downloaded), a .pth/.onnx path, or none"),
+        ("--classes", str, "driving (COCO mapped onto driving classes, default) or all"),
+        ("--input-size", str, "WxH model input for YOLOX (multiples of 32; default 416x256)"),
         ("--device", str, "auto, cpu, cuda or cuda:N (default auto)"),
         ("--batch-timeout-ms", float, "partial batch after this wait (default 20)"),
         ("--precision", str, "fp32, fp16 or bf16 (default fp32)"),
@@ -146,11 +150,11 @@ def build_parser() -> Parser:
     _run_args(liv)
     liv.add_argument("--camera", action="append", default=[], metavar="NAME=SOURCE")
 
-    ev = command("eval", "COCO mAP of a model on a clip with ground truth")
+    ev = command("eval", "COCO mAP and recall of a model on labelled data (clip, MOT, COCO)")
     _model_args(ev)
     _flags(
         ev,
-        ("--ground-truth", Path, "COCO ground truth (default: ground_truth.json beside the rig)"),
+        ("--ground-truth", Path, "an image-folder SOURCE's COCO json, or other labels"),
         ("--out", Path, "folder for run folders (default runs/)"),
         ("--name", str, "run folder name (default eval-<date>-<time>)"),
     )

@@ -1,8 +1,10 @@
-"""`evaluate`: a clip with ground truth through the replay pipeline, scored (eval.json).
+"""`evaluate`: labelled data through the replay pipeline, scored (eval.json).
 
-The pipeline is the one every replay runs (same model set-up, precision, batching), with two
-settings that scoring needs: every frame (`block`), and a low score threshold by default
-(AP integrates over the whole precision-recall curve). Scoring itself is `drivepercept.eval`.
+The labelled data is a synthetic clip, a MOTChallenge sequence or a COCO json with its images
+(`drivepercept.run.groundtruth` reads each). The pipeline is the one every replay runs (same
+readers, model set-up, precision, batching), with two settings that scoring needs: every frame
+(`block`), and a low score threshold by default (AP integrates over the whole precision-recall
+curve). Scoring itself is `drivepercept.eval`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from drivepercept.errors import ConfigError
-from drivepercept.eval import EvalReport, EvalThresholds, clip_paths, load_ground_truth
+from drivepercept.eval import EvalReport, EvalThresholds
 from drivepercept.eval import evaluate as score
 from drivepercept.pipeline import Pipeline
-from drivepercept.rig import resolve_cameras
+from drivepercept.run.groundtruth import GroundTruth, read_ground_truth
 from drivepercept.run.job import RunResult, run
-from drivepercept.run.options import DEFAULT_MODEL, RunOptions
+from drivepercept.run.options import PIPELINE_KEYS, RunOptions
 from drivepercept.rundir import RunDir, write_json
 
 
@@ -38,34 +40,41 @@ def evaluate(
     clip: str | Path,
     *,
     ground_truth: str | Path | None = None,
-    model: str = DEFAULT_MODEL,
-    weights: str | None = "DEFAULT",
     settings: Mapping[str, Any] | None = None,
     thresholds: EvalThresholds | None = None,
-    out_root: Path = Path("runs"),
-    name: str | None = None,
     progress: Callable[[Pipeline], None] | None = None,
 ) -> EvaluateResult | None:
-    """Replay a clip (its folder or rig.toml) and score it against its ground truth.
+    """Replay labelled data and score the detections against its labels.
+
+    Args:
+        clip: a synthetic clip (its folder or rig.toml), a MOTChallenge sequence folder, a COCO
+            json (images below its folder) or an image folder (with `ground_truth`).
+        ground_truth: another ground-truth file than the format's own; an image folder's COCO
+            json.
+        settings: the keys of a settings file (`drivepercept.run.read_settings_file`) that
+            eval uses: model (default: a clip's rig names it, else `DEFAULT_MODEL`), weights,
+            input_size, out (runs/), name (eval-<date>-<time>) and the pipeline settings.
+        thresholds: which labelled objects are too hidden or small to be targets.
 
     Returns None when the run was interrupted (nothing is scored).
 
     Raises:
-        ConfigError: no rig, ground truth of another clip or malformed, bad settings.
+        ConfigError: not labelled data, labels malformed or of other images, bad settings, an
+            image the pipeline could not read (frames would not match their labels).
     """
-    chosen = {"score_threshold": 0.05, **(settings or {})}
+    given = dict(settings or {})
+    chosen = {"score_threshold": 0.05, **{k: v for k, v in given.items() if k in PIPELINE_KEYS}}
     if chosen.setdefault("drop_policy", "block") != "block":
         raise ConfigError("eval scores every frame: drop_policy must be 'block'")
-    rig, gt_path = clip_paths(clip, ground_truth)
-    cams = resolve_cameras([str(rig)])
-    truth = load_ground_truth(gt_path, cameras=[c.name for c in cams])
+    truth = read_ground_truth(clip, annotations=ground_truth)
     options = RunOptions(
-        sources=(str(rig),),
-        model=model,
-        weights=weights,
+        sources=truth.sources,  # a clip's rig file (its model the default), or image folders
+        model=given.get("model"),
+        weights=given.get("weights", "DEFAULT"),
+        input_size=given.get("input_size"),
         settings=chosen,
-        out_root=out_root,
-        name=name or time.strftime("eval-%Y%m%d-%H%M%S"),
+        out_root=Path(given.get("out", "runs")),
+        name=given.get("name") or time.strftime("eval-%Y%m%d-%H%M%S"),
         command="eval",
     )
     result = run(options, progress=progress)
@@ -74,27 +83,45 @@ def evaluate(
     # Every ground-truth frame of the replayed cameras (up to max_frames) is scored: a
     # frame the pipeline did not emit (a truncated video, say) counts as all misses.
     limit = int(chosen.get("max_frames", 0))
-    names = {c.name for c in cams}
+    _check_folders_read(truth, result, limit)
     wanted = [
         (str(im["camera"]), int(im["frame_index"]))
-        for im in truth["images"]
-        if im["camera"] in names and (not limit or int(im["frame_index"]) < limit)
+        for im in truth.coco["images"]
+        if im["camera"] in truth.cameras and (not limit or int(im["frame_index"]) < limit)
     ]
     report = score(
-        truth, list(result.detections()), thresholds=thresholds or EvalThresholds(), images=wanted
+        truth.coco,
+        list(result.detections()),
+        thresholds=thresholds or EvalThresholds(),
+        images=wanted,
     )
     record = result.record
     write_json(
         RunDir(result.run_dir).eval_json,
         {
             **report.to_json(),
-            "model": model,
-            "weights": weights,
-            "clip": str(rig),
-            "ground_truth": str(gt_path),
+            "model": options.model,
+            "weights": options.weights,
+            "clip": str(clip),
+            "format": truth.format,
+            "ground_truth": str(truth.path),
+            "images_missing": truth.missing_images,
             "run_dir": str(result.run_dir),
             "device": result.stats.device,
             "pipeline": dict(record.config) or dataclasses.asdict(options.pipeline()),
         },
     )
     return EvaluateResult(report=report, run=result)
+
+
+def _check_folders_read(truth: GroundTruth, result: RunResult, limit: int) -> None:
+    """Frames of an image folder are matched to labels by their place in it: a folder reader
+    that skipped an image (undecodable) would shift every later frame, so that is an error."""
+    read = {c.name: c.frames for c in result.stats.cameras}
+    for camera, images in truth.folder_frames.items():
+        expected = min(images, limit) if limit else images
+        if read.get(camera, 0) != expected:
+            raise ConfigError(
+                f"camera {camera} read {read.get(camera, 0)} of its {expected} images (an "
+                f"undecodable image?): frames cannot be matched to labels; see {result.run_dir}"
+            )
