@@ -15,11 +15,14 @@ import pytest
 import torch
 from torchvision.ops import batched_nms
 
-from drivepercept.models import ModelError, _weights, load_detector
+from drivepercept.config import PipelineConfig
+from drivepercept.engine.step import DetectorStep
+from drivepercept.models import Detector, ModelError, _weights, load_detector
 from drivepercept.models import yolox_weights as yw
 from drivepercept.models.classes import COCO_TO_DRIVING
 from drivepercept.models.yolox import SIZES, YOLOX
 from drivepercept.run import RunOptions, run
+from drivepercept.sources.prepare import prepare
 from drivepercept.types import DRIVING_CLASSES
 
 # Published parameter counts (millions) of the YOLOX model zoo.
@@ -385,3 +388,71 @@ def test_bad_weights_on_the_command_line_are_one_line(
     done = _cli("replay", video, "--max-frames", "1", "--out", str(tmp_path), env=env)
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "yolox_nano.pth" in done.stderr and "--weights PATH" in done.stderr
+
+
+# --------------------------------------------------------------------------- precision, devices
+
+
+def _step_outputs(
+    detector: Detector, x: torch.Tensor, precision: str, device: str
+) -> list[dict[str, torch.Tensor]]:
+    config = PipelineConfig(device=device, precision=precision, channels_last=True)
+    step = DetectorStep(detector, config, torch.device(device))
+    with torch.inference_mode():
+        return [{k: v.float().cpu() for k, v in o.items()} for o in step.forward(x.to(device))]
+
+
+def _agree(
+    want: list[dict[str, torch.Tensor]],
+    got: list[dict[str, torch.Tensor]],
+    *,
+    tol: float,
+    score_tol: float,
+) -> int:
+    """The cells the fp32 run is confident about (score > 0.3) keep their boxes within `tol`
+    of the box size + 1 px and their scores within `score_tol` in half precision; their
+    count."""
+    compared = 0
+    for w, g in zip(want, got, strict=True):
+        cells = (w["scores"] > 0.3).nonzero().squeeze(1)
+        size = (w["boxes"][cells, 2:] - w["boxes"][cells, :2]).abs().max(dim=1).values
+        err = (w["boxes"][cells] - g["boxes"][cells]).abs().max(dim=1).values
+        assert bool((err <= tol * size + 1.0).all()), float((err / size).max())
+        assert torch.allclose(w["scores"][cells], g["scores"][cells], atol=score_tol)
+        compared += int(cells.numel())
+    return compared
+
+
+def test_bf16_and_channels_last_on_the_cpu_keep_the_boxes(
+    yolox_nano_onnx: Path, real_labeled: Path
+) -> None:
+    detector = load_detector("yolox-nano", weights=str(yolox_nano_onnx))
+    stills = sorted((real_labeled / "udacity_stills").glob("*.jpg"))
+    frames = [np.asarray(cv2.imread(str(p)), np.uint8) for p in stills]
+    x = torch.stack(
+        [torch.from_numpy(prepare(f, detector.input)[0]).permute(2, 0, 1).float() for f in frames]
+    )
+    want = _step_outputs(detector, x, "fp32", "cpu")
+    got = _step_outputs(detector, x, "bf16", "cpu")
+    assert all(o["boxes"].dtype == torch.float32 for o in got)
+    # bf16 keeps 8 bits of mantissa: measured here, scores move by
+    # up to 0.08 (fp16 keeps 11 bits and is checked tighter on CUDA)
+    assert _agree(want, got, tol=0.05, score_tol=0.1) >= 20
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_on_cuda_in_half_precision_decoding_stays_float32(precision: str) -> None:
+    torch.manual_seed(0)
+    detector = load_detector("yolox-s", weights=None, input_size=(640, 384))
+    # random weights: not what a real input gives, so the check is on the mechanics: every
+    # output float32, shapes for any batch, and boxes no further off than half precision's
+    # rounding of the heads (fp16 keeps 11 bits, bf16 8)
+    _random_norms(detector.module)  # type: ignore[arg-type]
+    x = torch.rand(6, 3, 384, 640) * 255
+    want = _step_outputs(detector, x, "fp32", "cuda")
+    got = _step_outputs(detector, x, precision, "cuda")
+    assert len(got) == 6 and all(o["boxes"].shape == (5040, 4) for o in got)
+    fp16 = precision == "fp16"
+    _agree(want, got, tol=0.02 if fp16 else 0.1, score_tol=0.03 if fp16 else 0.1)
