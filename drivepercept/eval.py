@@ -28,18 +28,14 @@ from typing import Any
 import numpy as np
 
 from drivepercept.errors import ConfigError
-from drivepercept.types import DRIVING_CLASSES
+from drivepercept.types import COCO_TO_DRIVING, DRIVING_CLASSES
 
 GROUND_TRUTH_FILE = "ground_truth.json"
 EVAL_SCHEMA_VERSION = 2  # 2: recall at IoU .5 and targets per class
 
+# COCO names as model outputs spell them (lower case, "_" for spaces) -> driving classes
 CLASS_ALIASES: Mapping[str, str] = {
-    "person": "pedestrian",
-    "bicycle": "cyclist",
-    "motorcycle": "cyclist",
-    "motorbike": "cyclist",  # Darknet's spelling
-    "traffic_light": "traffic_light",
-    "stop_sign": "traffic_sign",
+    coco.replace(" ", "_"): driving for coco, driving in COCO_TO_DRIVING.items()
 }
 
 
@@ -368,17 +364,25 @@ def evaluate(
                         1 for a in annotations if a["category_id"] == cat and not a["iscrowd"]
                     ),
                 }
+    targets = [a for a in annotations if not a["iscrowd"]]
+    if not results and targets:  # nothing detected: every target missed, AP and recall 0
+        report_stats = np.zeros(12)
+        for name, cat in cat_ids.items():
+            n = sum(1 for a in targets if a["category_id"] == cat)
+            if n:
+                per_class[name] = {"ap_50_95": 0.0, "ap_50": 0.0, "recall_50": 0.0, "targets": n}
     per_camera: dict[str, dict[str, float]] = {}
     for cam in sorted({c for c, _ in image_ids}):
         ids = sorted(i for (c, _), i in image_ids.items() if c == cam)
         ev = run(ids)
-        stats = ev.stats if ev is not None else np.full(12, -1.0)
+        missed = 0.0 if any(a["image_id"] in ids for a in targets) else -1.0
+        stats = ev.stats if ev is not None else np.full(12, missed)
         per_camera[cam] = {
             "ap_50_95": float(stats[0]),
             "ap_50": float(stats[1]),
             "recall_50": _mean_valid(ev.eval["recall"][0, :, 0, -1], empty=-1.0)
             if ev is not None
-            else -1.0,
+            else missed,
         }
     return EvalReport(
         map_50_95=float(report_stats[0]),

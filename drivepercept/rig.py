@@ -101,6 +101,11 @@ class RigConfig:
 
 # --------------------------------------------------------------------------- reading
 
+# The model trained on the synthetic world (drivepercept.models.tiny.NAME; named, not
+# imported: rig files are read without torch). A simulated rig runs it by default.
+SIMULATED_MODEL = "drivepercept-tiny"
+SIMULATOR = "drivepercept simulate"  # the [simulation] generator a simulated rig records
+
 _CAMERA_KEYS = {"name", "video", "source", "fps", "width", "height", "intrinsics", "extrinsics"}
 
 
@@ -213,6 +218,11 @@ def load_rig(path: str | Path) -> RigConfig:
     model = data.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ConfigError(f"rig file {path}: model must be a model name, got {model!r}")
+    simulation = data.get("simulation")
+    # clips simulated before rig files named their model: the one trained on that world
+    simulated = isinstance(simulation, Mapping) and simulation.get("generator") == SIMULATOR
+    if model is None and simulated:
+        model = SIMULATED_MODEL
     try:
         return RigConfig(
             cameras=tuple(_camera_from_table(raw, i, base_dir) for i, raw in enumerate(cameras)),

@@ -153,6 +153,23 @@ def test_frames_without_detections_count_as_misses(ground_truth: dict[str, Any])
         evaluate(ground_truth, [{**f, "frame_index": f["frame_index"] + 1000} for f in half])
 
 
+def test_a_model_that_detects_nothing_scores_zero_not_n_a(ground_truth: dict[str, Any]) -> None:
+    nothing = [
+        {**f, "boxes": [], "scores": [], "class_names": []}
+        for f in _gt_as_detections(ground_truth, range(3))
+    ]
+    report = evaluate(ground_truth, nothing)
+    assert report.targets > 0 and report.detections == 0
+    assert (report.map_50, report.map_50_95, report.recall, report.recall_50) == (0, 0, 0, 0)
+    assert report.per_class and all(
+        (c["ap_50"], c["recall_50"]) == (0.0, 0.0) and c["targets"] > 0
+        for c in report.per_class.values()
+    )
+    # a camera with nothing to score stays n/a; the others missed everything
+    assert report.per_camera["front_right"]["ap_50"] < 0
+    assert all(v["ap_50"] == 0.0 for c, v in report.per_camera.items() if c != "front_right")
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [

@@ -17,7 +17,7 @@ from drivepercept.config import PipelineConfig
 from drivepercept.errors import ConfigError
 from drivepercept.models.oracle import make_oracle
 from drivepercept.pipeline import Pipeline, PipelineError
-from drivepercept.run import Mode, RunOptions, run
+from drivepercept.run import DEFAULT_MODEL, Mode, RunOptions, run
 from drivepercept.rundir import RunDir, RunRecord
 from drivepercept.sinks.fanout import OnFailure, SinkPolicy, SinkSet
 from drivepercept.types import FrameResult
@@ -72,6 +72,12 @@ def test_the_callers_settings_win_over_the_mode_and_the_defaults_fill_the_rest()
         ({"metrics_port": 70000}, "metrics port"),
         ({"budget_ms": 0.0}, "budget"),
         ({"report_formats": ("pdf",)}, "report formats"),
+        ({"input_size": 416}, "input size must look like WIDTHxHEIGHT"),
+        ({"input_size": "416"}, "got '416'"),
+        ({"input_size": [416, 0]}, "input size"),
+        ({"input_size": [416, 256, 3]}, "input size"),
+        ({"model": 5}, "model must be a model name"),
+        ({"classes": "most"}, "classes must be driving or all"),
     ],
 )
 def test_bad_options_are_one_clear_error(kwargs: dict[str, object], words: str) -> None:
@@ -79,6 +85,24 @@ def test_bad_options_are_one_clear_error(kwargs: dict[str, object], words: str) 
     with pytest.raises(ConfigError) as error:
         RunOptions(**base)  # type: ignore[arg-type]
     assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_model_a_source_runs_by_default(tmp_path: Path) -> None:
+    # a synthetic rig names its model; an old one (before rigs named it) is known by its
+    # [simulation] table; anything else runs the real-road default
+    assert RunOptions(sources=(str(SAMPLE_RIG),)).model == "drivepercept-tiny"
+    old = tmp_path / "rig.toml"
+    old.write_text(SAMPLE_RIG.read_text().replace('model = "drivepercept-tiny"', ""))
+    assert "model =" not in old.read_text()
+    assert RunOptions(sources=(str(old),)).model == "drivepercept-tiny"
+    plain = tmp_path / "plain.toml"
+    plain.write_text('[[cameras]]\nname = "a"\nvideo = "a.mp4"\n')
+    assert RunOptions(sources=(str(plain),)).model == DEFAULT_MODEL == "yolox-nano"
+    assert RunOptions(sources=("a.mp4",)).model == DEFAULT_MODEL
+    assert RunOptions(sources=(str(SAMPLE_RIG), "a.mp4")).model == DEFAULT_MODEL  # mixed
+    assert RunOptions(sources=("a.mp4",), model="drivepercept-tiny").model == "drivepercept-tiny"
+    assert RunOptions(sources=("a.mp4",), input_size=[640, 384]).input_size == (640, 384)  # type: ignore[arg-type]
+    assert RunOptions(sources=("a.mp4",), input_size=" 640x384 ").input_size == (640, 384)  # type: ignore[arg-type]
 
 
 def test_a_bad_setting_value_is_caught_when_the_pipeline_config_is_made() -> None:

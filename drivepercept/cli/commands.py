@@ -21,6 +21,10 @@ if TYPE_CHECKING:  # the jobs load torch and OpenCV: imported when a command run
     from drivepercept.run.console import Progress
 
 log = logging.getLogger("drivepercept")
+WEIGHTS_ENV = {
+    "weights_dir": "DRIVEPERCEPT_WEIGHTS_DIR",
+    "weights_mirror": "DRIVEPERCEPT_WEIGHTS_MIRROR",
+}
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
 RECONNECT = {
     "initial_s": "reconnect_initial_s",
@@ -45,6 +49,9 @@ def merged_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str
         value = getattr(args, key, None)
         if value is not None:
             settings[key] = value
+    for key, variable in WEIGHTS_ENV.items():  # the CLI reads the environment; nothing below
+        if os.environ.get(variable, "").strip():
+            settings.setdefault(key, os.environ[variable].strip())
     sources = [*settings.pop("sources", []), *(getattr(args, "sources", None) or [])]
     sources += getattr(args, "camera", None) or []
     if getattr(args, "rig", None):
@@ -66,6 +73,8 @@ def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
         weights=settings.get("weights", "DEFAULT"),
         classes=settings.get("classes", "driving"),
         input_size=settings.get("input_size"),
+        weights_dir=settings.get("weights_dir"),
+        weights_mirror=settings.get("weights_mirror"),
         settings={k: v for k, v in settings.items() if k in jobs.PIPELINE_KEYS},
         out_root=Path(settings.get("out", "runs")),
         name=settings.get("name"),

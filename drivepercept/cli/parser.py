@@ -75,7 +75,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         ("--model", str, f"name or pkg.module:factory (default: rig's, else {DEFAULT_MODEL})"),
         ("--weights", str, "DEFAULT (bundled / downloaded), a .pth/.onnx path, or none"),
         ("--classes", str, "driving (COCO mapped onto driving classes, default) or all"),
-        ("--input-size", str, "WxH model input for YOLOX (multiples of 32; default 416x256)"),
+        ("--input-size", str, "WxH YOLOX input, multiples of 32 (nano/tiny 416x256, else 640x384)"),
         ("--device", str, "auto, cpu, cuda or cuda:N (default auto)"),
         ("--batch-timeout-ms", float, "partial batch after this wait (default 20)"),
         ("--precision", str, "fp32, fp16 or bf16 (default fp32)"),

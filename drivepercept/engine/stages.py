@@ -47,7 +47,7 @@ def label_table(table: Sequence[int], device: torch.device) -> torch.Tensor | No
     when it changes nothing (every label kept as itself)."""
     if list(table) == list(range(len(table))):
         return None
-    return torch.tensor(list(table) or [-1], dtype=torch.int64).to(device)
+    return torch.tensor(list(table), dtype=torch.int64).to(device)
 
 
 def grouped_nms(

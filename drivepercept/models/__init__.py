@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from drivepercept.models.base import Detector, InputSpec, ModelError
+from drivepercept.models.base import Detector, InputSpec, ModelError, WeightsStore
 from drivepercept.models.registry import PLUGIN_FORM, available_models, load_detector
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "Detector",
     "InputSpec",
     "ModelError",
+    "WeightsStore",
     "available_models",
     "load_detector",
 ]

@@ -18,13 +18,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from drivepercept.errors import ModelError
 from drivepercept.types import InputSpec
 
-__all__ = ["Detector", "InputSpec", "ModelError"]
+__all__ = ["Detector", "InputSpec", "ModelError", "WeightsStore"]
+
+
+@dataclass(frozen=True)
+class WeightsStore:
+    """Where a model's "DEFAULT" weights come from besides torch hub's cache (the CLI fills
+    it from `$DRIVEPERCEPT_WEIGHTS_DIR` and `$DRIVEPERCEPT_WEIGHTS_MIRROR`).
+
+    Attributes:
+        folder: a folder of already-downloaded release files, used instead of the cache and
+            the network (machines without internet).
+        mirror: a base URL serving the release files, downloaded from instead of the
+            official one.
+    """
+
+    folder: Path | None = None
+    mirror: str | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,36 +11,24 @@ reported under their COCO names.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
 from drivepercept.errors import ConfigError
-from drivepercept.models.base import Detector
-from drivepercept.types import DRIVING_CLASSES
+from drivepercept.models.base import Detector, ModelError
+from drivepercept.types import COCO_TO_DRIVING, DRIVING_CLASSES
 
-COCO_TO_DRIVING: Mapping[str, str] = {
-    "person": "pedestrian",
-    "bicycle": "cyclist",
-    "motorcycle": "cyclist",
-    "motorbike": "cyclist",  # Darknet's spelling
-    "car": "car",
-    "truck": "truck",
-    "bus": "bus",
-    "traffic light": "traffic_light",
-    "stop sign": "traffic_sign",
-}
-
-CLASS_CHOICES = ("driving", "all")
+CLASS_CHOICES = ("driving", "all")  # (RunOptions checks the same two)
 
 
 def coco_driving_view(class_names: tuple[str, ...]) -> tuple[frozenset[int], tuple[str, ...]]:
     """(keep_labels, report_as) for a COCO detector: the driving classes kept and renamed.
 
     Raises:
-        AssertionError: `class_names` lacks a driving class (metadata of another dataset).
+        ModelError: `class_names` lacks a driving class (names of another dataset).
     """
     keep = frozenset(i for i, name in enumerate(class_names) if name in COCO_TO_DRIVING)
-    reported = {COCO_TO_DRIVING[class_names[i]] for i in keep}
-    assert reported == set(DRIVING_CLASSES), f"COCO names lack {set(DRIVING_CLASSES) - reported}"
+    missing = set(DRIVING_CLASSES) - {COCO_TO_DRIVING[class_names[i]] for i in keep}
+    if missing:
+        raise ModelError(f"class names lack the driving classes {sorted(missing)}")
     return keep, tuple(COCO_TO_DRIVING.get(name, name) for name in class_names)
 
 

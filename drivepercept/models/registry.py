@@ -21,7 +21,7 @@ import importlib
 
 from drivepercept.models import _torchvision, tiny, yolox_weights
 from drivepercept.models._weights import short_reason
-from drivepercept.models.base import Detector, ModelError
+from drivepercept.models.base import Detector, ModelError, WeightsStore
 from drivepercept.models.classes import with_classes
 
 PLUGIN_FORM = "package.module:factory"
@@ -38,6 +38,7 @@ def load_detector(
     weights: str | None = "none",
     classes: str = "driving",
     input_size: tuple[int, int] | None = None,
+    store: WeightsStore | None = None,
 ) -> Detector:
     """Builds a detector, in eval mode, on the CPU.
 
@@ -50,6 +51,7 @@ def load_detector(
             driving ones) or "all" (every class it has).
         input_size: (width, height) for models that run at any size (YOLOX: multiples of
             32); None for the model's default.
+        store: where "DEFAULT" weights are looked for and downloaded from (YOLOX).
 
     Returns:
         The detector.
@@ -64,16 +66,21 @@ def load_detector(
             f"model {name} has a fixed input size; an input size can be chosen for "
             f"{', '.join(yolox_weights.NAMES)}"
         )
-    return with_classes(_build(name, weights, input_size), classes)
+    return with_classes(_build(name, weights, input_size, store), classes)
 
 
-def _build(name: str, weights: str | None, input_size: tuple[int, int] | None) -> Detector:
+def _build(
+    name: str,
+    weights: str | None,
+    input_size: tuple[int, int] | None,
+    store: WeightsStore | None,
+) -> Detector:
     if ":" in name:
         return _load_plugin(name, weights)
     if name == tiny.NAME:
         return tiny.make_tiny(weights)
     if name in yolox_weights.NAMES:
-        return yolox_weights.build(name, weights, input_size=input_size)
+        return yolox_weights.build(name, weights, input_size=input_size, store=store)
     if name in _torchvision.NAMES:
         return _torchvision.build(name, weights)
     close = [n for n in available_models() if name.lower() in n]

@@ -291,17 +291,24 @@ class YOLOX(nn.Module):
 
     def _grid(self, hw: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Cell offsets (1, N, 2) and strides (1, N, 1) for an input size, made once."""
+        # built outside inference mode: a grid made during the engine's first batch must not
+        # become an inference tensor that a later forward with autograd cannot use
         key = (hw[0], hw[1], str(device))
         if key not in self._grids:
-            grids, strides = [], []
-            for s in STRIDES:
-                gh, gw = hw[0] // s, hw[1] // s
-                ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
-                grids.append(torch.stack((xs, ys), dim=-1).reshape(-1, 2))
-                strides.append(torch.full((gh * gw, 1), float(s)))
-            grid = torch.cat(grids).float().unsqueeze(0).to(device)
-            self._grids[key] = (grid, torch.cat(strides).unsqueeze(0).to(device))
+            with torch.inference_mode(False):
+                self._grids[key] = self._make_grid(hw, device)
         return self._grids[key]
+
+    @staticmethod
+    def _make_grid(hw: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        grids, strides = [], []
+        for s in STRIDES:
+            gh, gw = hw[0] // s, hw[1] // s
+            ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+            grids.append(torch.stack((xs, ys), dim=-1).reshape(-1, 2))
+            strides.append(torch.full((gh * gw, 1), float(s)))
+        grid = torch.cat(grids).float().unsqueeze(0).to(device)
+        return grid, torch.cat(strides).unsqueeze(0).to(device)
 
     def fuse(self) -> YOLOX:
         """Fold every batch norm into its convolution (inference only; ~1.3x faster on a

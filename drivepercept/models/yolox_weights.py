@@ -20,12 +20,13 @@ from typing import Any
 import torch
 
 from drivepercept.models import _weights
-from drivepercept.models.base import Detector, ModelError
+from drivepercept.models.base import Detector, ModelError, WeightsStore
 from drivepercept.models.classes import coco_driving_view
 from drivepercept.models.yolox import SIZES, YOLOX
 from drivepercept.types import ColorOrder, InputSpec, Interpolation, PadPlacement
 
 RELEASE_URL = "https://github.com/Megvii-BaseDetection/YOLOX/releases/download/0.1.1rc0/"
+# The variables the CLI reads into a `WeightsStore` (this module reads no environment itself).
 WEIGHTS_DIR_ENV = "DRIVEPERCEPT_WEIGHTS_DIR"  # a folder of already-downloaded weights files
 MIRROR_ENV = "DRIVEPERCEPT_WEIGHTS_MIRROR"  # a base URL that serves the release files instead
 DOWNLOAD_TIMEOUT_S = 30.0
@@ -69,13 +70,20 @@ def input_spec(input_size: tuple[int, int]) -> InputSpec:
     )
 
 
-def build(name: str, weights: str | None, *, input_size: tuple[int, int] | None = None) -> Detector:
+def build(
+    name: str,
+    weights: str | None,
+    *,
+    input_size: tuple[int, int] | None = None,
+    store: WeightsStore | None = None,
+) -> Detector:
     """The registered YOLOX detector `name` (`yolox-nano` ... `yolox-x`), fused, eval mode.
 
     Args:
         name: `yolox-<size>`.
         weights: None (random), "DEFAULT" (official release) or a `.pth` / `.onnx` path.
         input_size: (width, height), multiples of 32; default `default_input_size`.
+        store: where "DEFAULT" looks besides torch hub's cache, and where it downloads from.
 
     Raises:
         ModelError: unknown size, bad input size, or weights that cannot be had or do not fit.
@@ -87,7 +95,7 @@ def build(name: str, weights: str | None, *, input_size: tuple[int, int] | None 
     if wh[0] % 32 or wh[1] % 32:
         raise ModelError(f"{name} input sides must be multiples of 32, got {wh[0]}x{wh[1]}")
     net = YOLOX(SIZES[size], num_classes=len(COCO80))
-    load_into(net, weights)
+    load_into(net, weights, store or WeightsStore())
     net.eval()
     keep, report_as = coco_driving_view(COCO80)
     return Detector(
@@ -106,9 +114,9 @@ def release_file(size: str) -> str:
     return f"yolox_{size}.pth"
 
 
-def release_url(size: str) -> str:
-    """Where `DEFAULT` downloads the checkpoint: the official release, or `$MIRROR_ENV`."""
-    base = os.environ.get(MIRROR_ENV, "").strip() or RELEASE_URL
+def release_url(size: str, store: WeightsStore) -> str:
+    """Where `DEFAULT` downloads the checkpoint: the official release, or the store's mirror."""
+    base = store.mirror or RELEASE_URL
     return base.rstrip("/") + "/" + release_file(size)
 
 
@@ -117,12 +125,13 @@ def cache_path(size: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / release_file(size)
 
 
-def load_into(net: YOLOX, weights: str | None) -> str | None:
+def load_into(net: YOLOX, weights: str | None, store: WeightsStore) -> str | None:
     """Loads `weights` into a freshly built (unfused) `net` and fuses its batch norms.
 
     Args:
         net: the network, as `YOLOX(size)` builds it.
         weights: None (random), "DEFAULT", or a path to a `.pth` checkpoint or `.onnx` export.
+        store: where "DEFAULT" looks and downloads from.
 
     Returns:
         Where the weights came from (a path or URL), None for random weights.
@@ -134,7 +143,7 @@ def load_into(net: YOLOX, weights: str | None) -> str | None:
     if weights is None:
         net.fuse()
         return None
-    path = Path(weights) if weights != "DEFAULT" else find_default(size)
+    path = Path(weights) if weights != "DEFAULT" else find_default(size, store)
     if path.suffix.lower() == ".onnx":
         net.fuse()
         load_onnx(net, path)
@@ -145,35 +154,35 @@ def load_into(net: YOLOX, weights: str | None) -> str | None:
     return str(path)
 
 
-def find_default(size: str) -> Path:
-    """The official weights of `size`: from `$DRIVEPERCEPT_WEIGHTS_DIR`, the hub cache, or
-    downloaded into the cache (checked to load and fit before it is kept).
+def find_default(size: str, store: WeightsStore) -> Path:
+    """The official weights of `size`: from the store's folder, the hub cache, or downloaded
+    into the cache (checked to load and fit before it is kept).
 
     Raises:
-        ModelError: not in the folder the variable names, or cannot be downloaded.
+        ModelError: not in the store's folder, or cannot be downloaded.
     """
-    folder = os.environ.get(WEIGHTS_DIR_ENV, "").strip()
-    if folder:
+    folder = store.folder
+    if folder is not None:
         for name in (release_file(size), f"yolox_{size}.onnx"):
-            if (Path(folder) / name).is_file():
-                return Path(folder) / name
+            if (folder / name).is_file():
+                return folder / name
         raise ModelError(
-            f"${WEIGHTS_DIR_ENV} is {folder}, which has neither {release_file(size)} nor "
-            f"yolox_{size}.onnx; download {release_url(size)} there "
+            f"the weights folder {folder} (${WEIGHTS_DIR_ENV}) has neither {release_file(size)} "
+            f"nor yolox_{size}.onnx; download {release_url(size, store)} there "
             "or pass --weights PATH"
         )
     cached = cache_path(size)
     if cached.is_file():
         return cached
-    _download(size, cached)
+    _download(size, cached, store)
     return cached
 
 
-def _download(size: str, dest: Path) -> None:
+def _download(size: str, dest: Path, store: WeightsStore) -> None:
     """Fetches the release file to a temporary name beside `dest`, checks it is a YOLOX
     checkpoint of this size, and only then renames it into place (a broken or partial
     download never lands in the cache)."""
-    url = release_url(size)
+    url = release_url(size, store)
     advice = f"save it as {dest} or into ${WEIGHTS_DIR_ENV}, or pass --weights PATH (.pth/.onnx)"
     tmp: Path | None = None
     try:
@@ -189,14 +198,16 @@ def _download(size: str, dest: Path) -> None:
         probe = YOLOX(SIZES[size])
         state = _weights.read_state_dict(str(tmp), model_name=f"yolox-{size}")
         _weights.apply_state_dict(probe, state, source=url, model_name=f"yolox-{size}")
+        tmp.chmod(0o644)  # a cache file like any other (mkstemp makes it private)
         tmp.replace(dest)
         tmp = None
     except (OSError, urllib.error.URLError, ValueError) as exc:
-        why = _weights.short_reason(exc, limit=60)
+        why = _weights.short_reason(exc, limit=100)
         raise ModelError(f"cannot download yolox-{size} weights {url} ({why}); {advice}") from None
     except ModelError as exc:
+        what = str(exc).replace(str(tmp), "it") if tmp is not None else str(exc)
         raise ModelError(
-            f"the file downloaded from {url} is not usable ({exc}); {advice}"
+            f"the file downloaded from {url} is not usable ({what}); {advice}"
         ) from None
     finally:
         if tmp is not None:
@@ -259,8 +270,10 @@ def _read_onnx(path: Path) -> Any:
             f"reading ONNX weights ({path}) needs the onnx package: "
             "pip install 'drivepercept[onnx]'"
         ) from None
-    if not path.is_file():
+    if not path.exists():
         raise ModelError(f"weights file not found: {path} (expected a YOLOX .onnx export)")
+    if not path.is_file():
+        raise ModelError(f"weights path is not a file: {path} (expected a YOLOX .onnx export)")
     try:
         return onnx.load(str(path))
     except Exception as exc:  # protobuf's DecodeError and friends: a truncated or foreign file

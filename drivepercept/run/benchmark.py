@@ -23,10 +23,10 @@ import torch
 from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.engine.device import resolve_device
 from drivepercept.engine.step import DetectorStep
-from drivepercept.models import load_detector
 from drivepercept.models.base import Detector, InputSpec
 from drivepercept.pipeline import Pipeline
 from drivepercept.rig import CameraConfig, resolve_cameras
+from drivepercept.run.job import load_model
 from drivepercept.run.options import RunOptions
 from drivepercept.sources.open import open_cameras
 from drivepercept.sources.prepare import prepare
@@ -130,12 +130,7 @@ def bench(
     `options`' (replay mode)."""
     cams = resolve_cameras(options.sources)
     config = options.pipeline()
-    detector = detector or load_detector(
-        options.model_name,
-        weights=options.weights,
-        classes=options.classes,
-        input_size=options.input_size,
-    )
+    detector = detector or load_model(options)
     device = resolve_device(config.device)
     # the engine's own steps, run synchronously: the same model set-up and precision
     runner = DetectorStep(detector, config, device)

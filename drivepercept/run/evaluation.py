@@ -53,7 +53,8 @@ def evaluate(
             json.
         settings: the keys of a settings file (`drivepercept.run.read_settings_file`) that
             eval uses: model (default: a clip's rig names it, else `DEFAULT_MODEL`), weights,
-            input_size, out (runs/), name (eval-<date>-<time>) and the pipeline settings.
+            classes, input_size, weights_dir, weights_mirror, out (runs/), name
+            (eval-<date>-<time>) and the pipeline settings.
         thresholds: which labelled objects are too hidden or small to be targets.
 
     Returns None when the run was interrupted (nothing is scored).
@@ -71,7 +72,10 @@ def evaluate(
         sources=truth.sources,  # a clip's rig file (its model the default), or image folders
         model=given.get("model"),
         weights=given.get("weights", "DEFAULT"),
+        classes=given.get("classes", "driving"),
         input_size=given.get("input_size"),
+        weights_dir=given.get("weights_dir"),
+        weights_mirror=given.get("weights_mirror"),
         settings=chosen,
         out_root=Path(given.get("out", "runs")),
         name=given.get("name") or time.strftime("eval-%Y%m%d-%H%M%S"),

@@ -38,7 +38,7 @@ from drivepercept.eval import (
 )
 from drivepercept.geometry import MAX_CAMERAS
 from drivepercept.rig import resolve_cameras, safe_name
-from drivepercept.sources.readers import IMAGE_SUFFIXES
+from drivepercept.sources.readers import IMAGE_SUFFIXES, image_files
 from drivepercept.types import DRIVING_CLASSES
 
 log = logging.getLogger(__name__)
@@ -320,7 +320,7 @@ def _listing(folder: Path) -> list[Path]:
     """The images of a folder in the order the pipeline's image-folder reader reads them."""
     if not folder.is_dir():
         raise ConfigError(f"image folder not found: {folder}")
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    return image_files(folder)
 
 
 def _camera_names(folders: Iterable[Path]) -> dict[Path, str]:

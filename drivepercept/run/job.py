@@ -19,7 +19,7 @@ from typing import Any
 
 from drivepercept.engine.device import resolve_device
 from drivepercept.errors import one_line
-from drivepercept.models import load_detector
+from drivepercept.models import WeightsStore, load_detector
 from drivepercept.models.base import Detector
 from drivepercept.pipeline import Pipeline
 from drivepercept.report import ReportResult, write_report
@@ -95,6 +95,21 @@ def _video_policy(mode: Mode) -> SinkPolicy:
     return SinkPolicy(slow=True, when_full=when_full)
 
 
+def load_model(options: RunOptions) -> Detector:
+    """The detector `options` name, with its weights, classes, input size and weights store.
+
+    Raises:
+        ModelError: it cannot be built or its weights cannot be had (one line).
+    """
+    return load_detector(
+        options.model_name,
+        weights=options.weights,
+        classes=options.classes,
+        input_size=options.input_size,
+        store=WeightsStore(options.weights_dir, options.weights_mirror),
+    )
+
+
 def run(
     options: RunOptions,
     *,
@@ -130,12 +145,7 @@ def run(
     exporter: MetricsExporter | None = None
     pipeline: Pipeline | None = None
     try:
-        det = detector or load_detector(
-            options.model_name,
-            weights=options.weights,
-            classes=options.classes,
-            input_size=options.input_size,
-        )
+        det = detector or load_model(options)
         pipeline = Pipeline(
             cameras=list(zip(names, readers, strict=True)),
             detector=det,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,6 @@ from typing import Any
 
 from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
-from drivepercept.geometry import parse_size
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml, rig_model
 
@@ -24,8 +24,9 @@ PIPELINE_KEYS = frozenset(f.name for f in dataclasses.fields(PipelineConfig))
 # the other keys of a settings file (and of the CLI flags that mean the same)
 RUN_KEYS = frozenset(
     {"model", "weights", "classes", "input_size", "out", "name", "save_video", "mosaic"}
-    | {"budget_ms"}
+    | {"budget_ms", "weights_dir", "weights_mirror"}
 )
+CLASS_CHOICES = ("driving", "all")
 FILE_KEYS = PIPELINE_KEYS | RUN_KEYS | {"report", "sources"}
 
 
@@ -42,6 +43,23 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"config file {path}: unknown keys {unknown}")
     return raw
+
+
+def _input_size(value: object) -> tuple[int, int] | None:
+    """None, "WxH" or a (w, h) pair -> (w, h) of positive whole pixels; ConfigError else."""
+    if value is None:
+        return None
+    pair = value
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
+        pair = (int(match.group(1)), int(match.group(2))) if match else value
+    if (
+        isinstance(pair, (tuple, list))
+        and len(pair) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pair)
+    ):
+        return (int(pair[0]), int(pair[1]))
+    raise ConfigError(f"input size must look like WIDTHxHEIGHT (e.g. 640x384), got {value!r}")
 
 
 class Mode(enum.Enum):
@@ -96,7 +114,9 @@ class RunOptions:
             `DEFAULT_MODEL`.
         classes: "driving" (the driving classes, COCO's mapped onto them) or "all".
         input_size: (width, height) of the model input, for models that take any
-            (YOLOX); None for the model's default.
+            (YOLOX); None for the model's default ("WxH" and [w, h] are taken too).
+        weights_dir, weights_mirror: where "DEFAULT" weights are found without a download,
+            and where they are downloaded from (`drivepercept.models.WeightsStore`).
         settings: `PipelineConfig` fields the caller chose; the mode fills in the rest.
         out_root, name: the run folder is out_root/name (name defaults to <mode>-<date>-<time>).
         save_video, mosaic: annotated videos, per camera or tiled.
@@ -115,6 +135,8 @@ class RunOptions:
     weights: str | None = "DEFAULT"
     classes: str = "driving"
     input_size: tuple[int, int] | None = None
+    weights_dir: Path | None = None
+    weights_mirror: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     out_root: Path = Path("runs")
     name: str | None = None
@@ -140,10 +162,13 @@ class RunOptions:
             raise ConfigError("give at least one source: a rig.toml, a video, a folder or a URL")
         if self.model is None:
             object.__setattr__(self, "model", rig_model(self.sources) or DEFAULT_MODEL)
-        if self.classes not in ("driving", "all"):
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError(f"model must be a model name, got {self.model!r}")
+        if self.classes not in CLASS_CHOICES:
             raise ConfigError(f"classes must be driving or all, got {self.classes!r}")
-        if isinstance(self.input_size, str):
-            object.__setattr__(self, "input_size", parse_size(self.input_size))
+        object.__setattr__(self, "input_size", _input_size(self.input_size))
+        if self.weights_dir is not None:
+            object.__setattr__(self, "weights_dir", Path(self.weights_dir))
         unknown = sorted(set(self.settings) - PIPELINE_KEYS)
         if unknown:
             raise ConfigError(f"unknown pipeline settings {unknown}")

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drivepercept.errors import OutputError
-from drivepercept.rig import CameraConfig, RigConfig, write_rig
+from drivepercept.rig import SIMULATED_MODEL, SIMULATOR, CameraConfig, RigConfig, write_rig
 from drivepercept.sim.camera import CameraModel, default_rig_cameras
 from drivepercept.sim.config import SimulationConfig
 from drivepercept.sim.groundtruth import GroundTruthWriter
@@ -33,9 +33,8 @@ from drivepercept.sim.world import generate_world
 log = logging.getLogger(__name__)
 
 RIG_FILE = "rig.toml"
-# the model trained on this world (drivepercept.models.tiny.NAME; named, not imported, so that
-# simulating needs no torch): a synthetic rig's runs default to it
-TRAINED_MODEL = "drivepercept-tiny"
+# the model trained on this world: a synthetic rig's runs default to it
+TRAINED_MODEL = SIMULATED_MODEL
 GROUND_TRUTH_FILE = "ground_truth.json"
 _QUEUE_DEPTH = 4
 _JOIN_TIMEOUT_S = 30.0
@@ -179,7 +178,7 @@ def simulate_clip(
         model=TRAINED_MODEL,
     )
     sim_info = {
-        "generator": "drivepercept simulate",
+        "generator": SIMULATOR,
         "seed": config.seed,
         "seconds": config.seconds,
         "fps": config.fps,

@@ -28,9 +28,11 @@ def plan_letterbox(src_size: tuple[int, int], spec: InputSpec) -> Letterbox:
     A letterboxed frame is scaled by `min(dst_w / src_w, dst_h / src_h)` and its size rounded
     down to whole pixels, as the models' own preparations do (YOLOX's `int(w * r)`,
     torchvision's `interpolate(scale_factor=..., recompute_scale_factor=True)`): rounding to
-    nearest gave a 1280x720 frame 569 columns where torchvision's transform gives 568, a
-    different scale for the whole image. The scales recorded are the exact ratios of the
-    whole-pixel size, so that boxes map back to the original pixels the resize sampled.
+    nearest gave a 1280x720 frame 569 columns where torchvision's transform gives 568. Where
+    the exact product is a whole number, it is kept (`_floor`), while the models' float
+    arithmetic may land one pixel lower (YOLOX makes a 768x432 frame 233 rows at 416x256, 234
+    here): a one-row difference, not a different scale. The scales recorded are the exact
+    ratios of the whole-pixel size, so that boxes map back to the pixels the resize sampled.
     """
     sw, sh = src_size
     dw, dh = spec.size

@@ -131,6 +131,12 @@ class VideoReader:
         self._cap.release()
 
 
+def image_files(folder: Path) -> list[Path]:
+    """The images of a folder in the order `ImageFolderReader` reads them (name order); frame
+    k of the reader is entry k (eval matches labels to frames by this)."""
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+
+
 class ImageFolderReader:
     """Images in a folder, in name order, at a nominal frame rate."""
 
@@ -138,7 +144,7 @@ class ImageFolderReader:
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise SourceError(f"image folder not found: {self.folder}")
-        self._files = sorted(p for p in self.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        self._files = image_files(self.folder)
         if not self._files:
             raise SourceError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in {self.folder}")
         first = cv2.imread(str(self._files[0]), cv2.IMREAD_COLOR)

@@ -13,14 +13,15 @@ import numpy as np
 import numpy.typing as npt
 
 # (re-exported: the model-input types live in their own module, imported from here)
+from drivepercept.types.model_input import COCO_TO_DRIVING as COCO_TO_DRIVING
 from drivepercept.types.model_input import DRIVING_CLASSES as DRIVING_CLASSES
 from drivepercept.types.model_input import ColorOrder as ColorOrder
+from drivepercept.types.model_input import FloatArray as FloatArray
 from drivepercept.types.model_input import InputSpec as InputSpec
 from drivepercept.types.model_input import Interpolation as Interpolation
 from drivepercept.types.model_input import Letterbox as Letterbox
 from drivepercept.types.model_input import PadPlacement as PadPlacement
 
-FloatArray = npt.NDArray[np.float32]
 ImageU8 = npt.NDArray[np.uint8]
 
 
@@ -157,7 +158,7 @@ class _CarriesMeta:
 @dataclass(frozen=True, eq=False)
 class Frame(_CarriesMeta):
     """One decoded camera frame, prepared for the model: its `meta` and `image`, (H, W, 3)
-    uint8 RGB at the model's input size."""
+    uint8 at the model's input size, in its channel order (`InputSpec.channels`)."""
 
     meta: FrameMeta
     image: ImageU8 = field(repr=False)

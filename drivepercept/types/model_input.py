@@ -4,7 +4,9 @@ frame lands in that input (`Letterbox`), and the classes every model reports."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,22 @@ DRIVING_CLASSES: tuple[str, ...] = (
     "cyclist",
     "traffic_light",
     "traffic_sign",
+)
+
+# COCO class names -> the driving class each is reported as (the others are not driving
+# classes); used by the COCO models and by eval for models that report COCO names.
+COCO_TO_DRIVING: Mapping[str, str] = MappingProxyType(
+    {
+        "person": "pedestrian",
+        "bicycle": "cyclist",
+        "motorcycle": "cyclist",
+        "motorbike": "cyclist",  # Darknet's spelling
+        "car": "car",
+        "truck": "truck",
+        "bus": "bus",
+        "traffic light": "traffic_light",
+        "stop sign": "traffic_sign",
+    }
 )
 
 
