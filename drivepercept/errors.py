@@ -1,10 +1,58 @@
-"""Errors a user can cause; the CLI prints them as one line and exits non-zero."""
+"""Errors a user can cause; the CLI prints them as one line and exits non-zero.
+
+Secrets stop here: camera URLs carry credentials (`rtsp://user:password@...`, `?token=...`),
+and a message that names a source would carry them into logs, error lines and the run folder.
+`redact` hides them; every `DrivePerceptError` shows its message redacted, and the CLI's log
+handler redacts every record (`RedactingFilter`). The real URL is used only to open a camera.
+"""
 
 from __future__ import annotations
 
+import logging
+import re
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")
+_SECRET_QUERY = re.compile(
+    r"(?P<key>[?&;](?:password|passwd|pwd|pass|token|access_token|key|apikey|api_key|secret|"
+    r"auth|signature|sig)=)[^&;#\s]*",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str) -> str:
+    """`text` with the credentials of any URL in it hidden: `user:password@` becomes
+    `user:***@`, and secret query parameters (password=, token=, key=, ...) become `=***`."""
+    text = _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)
+    return _SECRET_QUERY.sub(r"\g<key>***", text)
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that redacts every record's message (arguments merged in first)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        return True
+
+
+def redacting_handler() -> logging.Handler:
+    """A stderr log handler whose records are redacted (what the CLI logs through)."""
+    handler = logging.StreamHandler()
+    handler.addFilter(RedactingFilter())
+    return handler
+
 
 class DrivePerceptError(Exception):
-    """Base class for every error drivepercept raises on purpose."""
+    """Base class for every error drivepercept raises on purpose. Its message is shown
+    redacted (`str`, `repr`), whatever the caller put in it."""
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
+
+    def __repr__(self) -> str:
+        return redact(super().__repr__())
 
 
 class ConfigError(DrivePerceptError, ValueError):

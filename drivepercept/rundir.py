@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from drivepercept.errors import ConfigError, OutputError
+from drivepercept.errors import redact as redact
 
 RUN_SCHEMA_VERSION = 2  # 2: command says what ran (replay --realtime, eval); sinks section
 
@@ -125,21 +126,6 @@ def write_text(path: Path, text: str) -> None:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Strict JSON (no NaN), written whole."""
     write_text(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
-
-
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")
-_SECRET_QUERY = re.compile(
-    r"(?P<key>[?&;](?:password|passwd|pwd|pass|token|access_token|key|apikey|api_key|secret|"
-    r"auth|signature|sig)=)[^&;#\s]*",
-    re.IGNORECASE,
-)
-
-
-def redact(text: str) -> str:
-    """`text` with the credentials of any URL in it hidden: `user:password@` becomes
-    `user:***@`, and secret query parameters (password=, token=, key=, ...) become `=***`."""
-    text = _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)
-    return _SECRET_QUERY.sub(r"\g<key>***", text)
 
 
 # the top-level keys and their JSON types; a value of another type is dropped with a problem

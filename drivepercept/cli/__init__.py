@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from drivepercept.cli.commands import EXIT_ERROR, EXIT_INTERRUPTED, HANDLERS, merged_settings
 from drivepercept.cli.parser import build_parser
-from drivepercept.errors import DrivePerceptError, one_line
+from drivepercept.errors import DrivePerceptError, one_line, redacting_handler
 
 __all__ = ["main", "merged_settings", "run"]
 
@@ -31,6 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
+        handlers=[redacting_handler()],  # camera URLs in messages lose their credentials
     )
     try:
         return HANDLERS[args.command](args)

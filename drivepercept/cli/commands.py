@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from drivepercept import report as reports
 from drivepercept import run as jobs
-from drivepercept.errors import ConfigError
+from drivepercept.errors import ConfigError, redact
 
 if TYPE_CHECKING:  # the jobs load torch and OpenCV: imported when a command runs them
     from drivepercept.run import RunResult
@@ -138,7 +138,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print("interrupted: outputs hold the frames processed so far", file=sys.stderr)
         return EXIT_INTERRUPTED
     if why:
-        print(f"drivepercept {args.command}: error: {why}", file=sys.stderr)
+        print(f"drivepercept {args.command}: error: {redact(why)}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
 

@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 
 from drivepercept.config import ReconnectPolicy
+from drivepercept.errors import redact
 from drivepercept.rig import is_device, is_stream
 from drivepercept.sources.readers import (
     FrameReader,
@@ -151,7 +152,8 @@ class LiveSource:
     # ------------------------------------------------------------------ state
 
     def _set(self, state: CameraState, detail: str = "") -> None:
-        change = StateChange(time.monotonic_ns(), state, detail)
+        # details name the source: its credentials never reach the log, run.json or /metrics
+        change = StateChange(time.monotonic_ns(), state, redact(detail))
         with self._lock:
             last = self._changes[-1] if self._changes else None
             if last is not None:
