@@ -55,6 +55,11 @@ class DrivePerceptError(Exception):
         return redact(super().__repr__())
 
 
+class StageError(DrivePerceptError):
+    """A stage of a running pipeline failed: an internal error, not the input's (the CLI
+    exits 1 for it, 2 for the other errors, which are bad input)."""
+
+
 class ConfigError(DrivePerceptError, ValueError):
     """A configuration value, flag or file is invalid; the message names expected and actual."""
 

@@ -26,7 +26,7 @@ from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
 from drivepercept.engine.engine import InferenceEngine
-from drivepercept.errors import DrivePerceptError, one_line
+from drivepercept.errors import DrivePerceptError, StageError, one_line
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
 from drivepercept.sinks.base import LoadSink, Sink
@@ -51,7 +51,7 @@ DRAIN_TIMEOUT_S = 1.0  # after capture stops, how long in-flight frames may take
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
-class PipelineError(DrivePerceptError):
+class PipelineError(StageError):
     """A pipeline thread failed; the original exception is the __cause__."""
 
 

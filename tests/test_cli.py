@@ -151,7 +151,7 @@ def test_unwritable_out_is_one_clear_line(tmp_path: Path) -> None:
     blocker.write_text("not a folder")
     for out in (blocker / "sub", blocker):
         proc = _run("simulate", "--out", str(out), "--seconds", "0.2")
-        assert proc.returncode == 1
+        assert proc.returncode == 2  # bad input
         assert "error:" in proc.stderr and str(out) in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
         assert "Traceback" not in proc.stderr

@@ -267,7 +267,7 @@ def test_bad_eval_input_is_one_clear_line(tmp_path: Path, case: str) -> None:
         args.append(str(clip))
         message = "exactly one clip"
     proc = _eval_cli(*args, "--model", ORACLE, "--weights", "none", "--out", str(tmp_path))
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # bad input
     assert message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "Traceback" not in proc.stderr

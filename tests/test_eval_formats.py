@@ -337,7 +337,7 @@ def _eval_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_bad_labelled_data_is_one_line(tmp_path: Path) -> None:
     seq = _mot_sequence(tmp_path, "1,1,1,1,5\n")
     proc = _eval_cli(str(seq), "--model", ORACLE, "--weights", "none", "--out", str(tmp_path))
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "line 1: expected frame" in proc.stderr
     assert "Traceback" not in proc.stderr and not list(tmp_path.glob("eval-*"))
 
@@ -346,7 +346,7 @@ def test_an_image_the_reader_skips_is_an_error_not_shifted_frames(tmp_path: Path
     seq = _mot_sequence(tmp_path, "1,1,11,11,10,20,1,1,1.0\n")
     (seq / "img1" / "000002.jpg").write_bytes(b"not a jpeg")  # read past with a warning
     proc = _eval_cli(str(seq), "--model", ORACLE, "--weights", "none", "--out", str(tmp_path))
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "read 1 of its 2 images" in proc.stderr and "Traceback" not in proc.stderr
 
 

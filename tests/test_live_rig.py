@@ -232,7 +232,7 @@ def test_a_refused_camera_fails_while_the_others_run(tmp_path: Path, server: Cam
         "--no-progress",
     )
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err
+    assert proc.returncode == 3, err  # one camera failed for good, the others ran
     assert err.strip().splitlines()[-1].startswith("drivepercept live: error: camera(s) failed")
     assert "bad" in err and "Traceback" not in err
     run = tmp_path / "refused"
@@ -265,7 +265,7 @@ def test_every_camera_failing_fails_the_run_with_a_complete_report(tmp_path: Pat
         "--no-progress",
     )
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err
+    assert proc.returncode == 4, err  # every camera failed: none delivered a frame
     last = err.strip().splitlines()[-1]
     assert last.startswith("drivepercept live: error: every camera failed: c0:"), last
     record = json.loads((tmp_path / "dead" / "run.json").read_text())
@@ -275,6 +275,35 @@ def test_every_camera_failing_fails_the_run_with_a_complete_report(tmp_path: Pat
     assert summary["frames"] == 0 and summary["run"]["status"] == "failed"
     assert any("the run failed" in p for p in summary["problems"])
     assert (tmp_path / "dead" / "report.html").exists()
+
+
+def test_no_camera_ever_delivering_is_a_failure_not_success(
+    tmp_path: Path, server: CameraServer
+) -> None:
+    # two URLs that answer 404 for the whole run, retried until --duration ends
+    missing = [f"--camera=c{k}={server.url('front').replace('front', 'nothere')}" for k in (1, 2)]
+    proc = _cli(
+        "live",
+        *missing,
+        "--duration",
+        "3",
+        "--reconnect-initial-s",
+        "0.1",
+        "--reconnect-attempts",
+        "1000",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "none",
+        "--no-progress",
+    )
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 4, err  # no camera delivered a frame
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("drivepercept live: error: no camera delivered a frame: c1: "), last
+    assert "c2: " in last and "Traceback" not in err
+    record = json.loads((tmp_path / "none" / "run.json").read_text())
+    assert record["status"] == "failed" and record["error"].startswith("no camera delivered")
 
 
 def test_realtime_replay_keeps_up_or_counts_every_drop(tmp_path: Path) -> None:

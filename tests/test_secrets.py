@@ -37,9 +37,7 @@ def _leaks(run_dir: Path, *texts: str) -> list[str]:
 
 
 @pytest.mark.integration
-def test_live_with_credentialed_urls_leaks_no_secret(
-    tmp_path: Path, server: CameraServer
-) -> None:
+def test_live_with_credentialed_urls_leaks_no_secret(tmp_path: Path, server: CameraServer) -> None:
     good = server.url("front").replace("http://", f"http://admin:{PASSWORD}@") + f"?token={TOKEN}"
     bad = f"rtsp://admin:{PASSWORD}@127.0.0.1:1/stream?password={PASSWORD}&key={TOKEN}"
     proc = subprocess.run(

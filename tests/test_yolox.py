@@ -424,12 +424,12 @@ def test_bad_weights_on_the_command_line_are_one_line(
         done = _cli(
             "replay", video, "--max-frames", "1", "--out", str(tmp_path), "--weights", weights
         )
-        assert done.returncode == 1, done.stderr
+        assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     # DEFAULT where the file cannot be fetched (the real-road default model)
     done = _cli("replay", video, "--max-frames", "1", "--out", str(tmp_path), env=env)
-    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "yolox_nano.pth" in done.stderr and "--weights PATH" in done.stderr
 
 

@@ -13,9 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from drivepercept.cli.commands import EXIT_ERROR, EXIT_INTERRUPTED, HANDLERS, merged_settings
+from drivepercept.cli import commands
+from drivepercept.cli.commands import HANDLERS, merged_settings
 from drivepercept.cli.parser import build_parser
-from drivepercept.errors import DrivePerceptError, one_line, redacting_handler
+from drivepercept.errors import DrivePerceptError, StageError, one_line, redacting_handler
 
 __all__ = ["main", "merged_settings", "run"]
 
@@ -39,10 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"drivepercept {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
+        return commands.EXIT_INTERNAL if isinstance(exc, StageError) else commands.EXIT_INPUT
     except KeyboardInterrupt:
         print(f"drivepercept {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return commands.EXIT_INTERRUPTED
 
 
 def run() -> NoReturn:

@@ -21,11 +21,9 @@ if TYPE_CHECKING:  # the jobs load torch and OpenCV: imported when a command run
     from drivepercept.run.console import Progress
 
 log = logging.getLogger("drivepercept")
-WEIGHTS_ENV = {
-    "weights_dir": "DRIVEPERCEPT_WEIGHTS_DIR",
-    "weights_mirror": "DRIVEPERCEPT_WEIGHTS_MIRROR",
-}
-EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
+# the exit codes (README): bad input 2 is also argparse's; see main() and cmd_replay
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
+EXIT_NO_FRAMES, EXIT_INTERRUPTED = 4, 130
 RECONNECT = {
     "initial_s": "reconnect_initial_s",
     "max_s": "reconnect_max_s",
@@ -49,9 +47,8 @@ def merged_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str
         value = getattr(args, key, None)
         if value is not None:
             settings[key] = value
-    for key, variable in WEIGHTS_ENV.items():  # the CLI reads the environment; nothing below
-        if os.environ.get(variable, "").strip():
-            settings.setdefault(key, os.environ[variable].strip())
+    for key, value in jobs.environment_settings(os.environ).items():  # nothing below reads it
+        settings.setdefault(key, value)
     sources = [*settings.pop("sources", []), *(getattr(args, "sources", None) or [])]
     sources += getattr(args, "camera", None) or []
     if getattr(args, "rig", None):
@@ -139,7 +136,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if why:
         print(f"drivepercept {args.command}: error: {redact(why)}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_NO_FRAMES if result.error else EXIT_PARTIAL
     return EXIT_OK
 
 
@@ -245,7 +242,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             f"drivepercept report: error: the report covers what is there, but {problems[0]}{more}",
             file=sys.stderr,
         )
-        return EXIT_ERROR
+        return EXIT_PARTIAL
     return EXIT_OK
 
 

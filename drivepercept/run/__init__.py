@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         RUN_KEYS,
         Mode,
         RunOptions,
+        environment_settings,
         read_settings_file,
     )
     from drivepercept.sinks.fanout import OnFailure, SinkPolicy
@@ -45,6 +46,7 @@ _HOMES = {
     "RunResult": "drivepercept.run.job",
     "run": "drivepercept.run.job",
     "DEFAULT_MODEL": "drivepercept.run.options",
+    "environment_settings": "drivepercept.run.options",
     "PIPELINE_KEYS": "drivepercept.run.options",
     "RUN_KEYS": "drivepercept.run.options",
     "Mode": "drivepercept.run.options",
@@ -78,6 +80,7 @@ __all__ = [
     "RunResult",
     "SinkPolicy",
     "bench",
+    "environment_settings",
     "evaluate",
     "read_settings_file",
     "run",

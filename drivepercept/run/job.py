@@ -54,7 +54,8 @@ class RunResult:
     cameras: tuple[CameraConfig, ...]
     report: ReportResult | None = None
     failed_cameras: tuple[str, ...] = ()  # live cameras that gave up reconnecting
-    error: str | None = None  # why the run counts as failed (every camera failed)
+    # why the run counts as failed: every camera failed, or none delivered a frame
+    error: str | None = None
 
     @property
     def short_cameras(self) -> list[CameraStats]:
@@ -232,6 +233,16 @@ def _run(
             for s in snapshots
         ]
         error = "every camera failed: " + "; ".join(reasons)
+    elif not stats.interrupted and not any(c.frames for c in stats.cameras):
+        # nothing worked is not a success: say why each camera gave nothing (a live camera
+        # that kept failing to open until --duration ended, a video with no frame)
+        status = "failed"
+        error = "no camera delivered a frame: " + "; ".join(
+            f"{s.name}: {s.reader.changes[-1].detail or s.state.value}"
+            if s.reader.changes
+            else f"{s.name}: {s.state.value}"
+            for s in snapshots
+        )
     record = final_record(record, pipeline, cams, readers, stats, status=status, error=error)
     run_dir.write_record(record)
     report = _report(run_dir, options)

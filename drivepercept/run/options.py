@@ -27,6 +27,18 @@ RUN_KEYS = frozenset(
     | {"budget_ms", "weights_dir", "weights_mirror"}
 )
 CLASS_CHOICES = ("driving", "all")
+# settings a front end takes from the environment (`environment_settings`)
+ENVIRONMENT = {
+    "weights_dir": "DRIVEPERCEPT_WEIGHTS_DIR",
+    "weights_mirror": "DRIVEPERCEPT_WEIGHTS_MIRROR",
+}
+
+
+def environment_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings `environ` gives (the CLI passes `os.environ`; components read none)."""
+    return {k: environ[v].strip() for k, v in ENVIRONMENT.items() if environ.get(v, "").strip()}
+
+
 FILE_KEYS = PIPELINE_KEYS | RUN_KEYS | {"report", "sources"}
 
 
