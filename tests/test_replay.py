@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -317,6 +318,40 @@ def _truncated_avi(path: Path, frames: int, keep: float) -> int:
     data = full.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
     return _decodable_frames(path)
+
+
+def _overstated_avi(path: Path, frames: int, announced: int) -> None:
+    """A whole AVI whose headers (avih dwTotalFrames, strh dwLength) announce `announced`
+    frames: what many real files do, a few frames over."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 25, (64, 48))
+    for i in range(frames):
+        writer.write(np.full((48, 64, 3), i % 256, np.uint8))
+    writer.release()
+    data = bytearray(path.read_bytes())
+    avih, strh = data.find(b"avih"), data.find(b"strh")
+    assert struct.unpack_from("<I", data, avih + 24)[0] == frames
+    assert struct.unpack_from("<I", data, strh + 40)[0] == frames
+    struct.pack_into("<I", data, avih + 24, announced)
+    struct.pack_into("<I", data, strh + 40, announced)
+    path.write_bytes(bytes(data))
+
+
+def test_a_whole_file_whose_header_overstates_its_length_is_not_truncated(
+    tmp_path: Path,
+) -> None:
+    video = tmp_path / "over.avi"
+    _overstated_avi(video, 300, 303)
+    assert int(cv2.VideoCapture(str(video)).get(cv2.CAP_PROP_FRAME_COUNT)) == 303
+    proc = _run(
+        "replay", str(video), "--model", ORACLE, "--weights", "none", "--out", str(tmp_path),
+        "--name", "t", "--no-progress",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(_per_camera(_lines(tmp_path / "t"))["over"]) == list(range(300))
+    record = json.loads((tmp_path / "t" / "run.json").read_text())
+    assert record["sources"][0]["frame_count"] == 303  # the header's estimate, beside
+    assert record["summary"]["cameras"]["over"]["frames"] == 300  # what was read
+    assert record["summary"]["cameras"]["over"]["frames_missing_from_source"] == 0
 
 
 def test_truncated_video_in_a_rig_yields_everything_decodable(tmp_path: Path) -> None:

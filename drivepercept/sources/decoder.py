@@ -9,6 +9,7 @@ earlier batches, and puts it into its camera's bounded queue under the queue's d
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,16 @@ from drivepercept.sources.readers import FrameReader
 from drivepercept.types import Frame, FrameMeta, InputSpec
 
 log = logging.getLogger(__name__)
+
+
+def header_slack(announced: int) -> int:
+    """How many frames a file may fall short of its container's count and still have ended
+    normally. Container counts are estimates written by the muxer (AVI headers, MP4 edit
+    lists), and real files overstate them by a few frames: a 750-frame header over 748
+    frames is a whole file (FFmpeg's own count agrees). OpenCV does not tell a cut file's
+    last partial packet from a clean end, so the judgement is the size of the shortfall:
+    more than 2 frames and more than 1 % of the announced count is a truncated file."""
+    return max(2, math.ceil(announced / 100))
 
 
 class FrameQueues(Protocol):
@@ -72,10 +83,10 @@ class DecoderThread:
                 got = self.reader.read()
                 if got is None:
                     expected = self.reader.info.frame_count
-                    # frame counts in containers are estimates: one frame short is normal;
-                    # a source stopped on purpose (duration, Ctrl-C) is not short either
+                    # a source stopped on purpose (duration, Ctrl-C) is not short
                     stopped = self.stop.is_set() or self.max_frames
-                    if expected > 0 and expected - self.frames_read > 1 and not stopped:
+                    missing = expected - self.frames_read
+                    if expected > 0 and missing > header_slack(expected) and not stopped:
                         self.short_by = expected - self.frames_read
                         log.info(
                             "camera %s ended after %d of %d frames (truncated file?)",
