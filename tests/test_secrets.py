@@ -91,3 +91,45 @@ def test_errors_of_a_credentialed_source_leak_no_secret(tmp_path: Path) -> None:
             )
         )
     assert _leaks(tmp_path, str(err.value), repr(err.value)) == []
+
+
+# --------------------------------------------------------------------------- untrusted input
+
+
+def test_markup_in_a_camera_name_or_path_never_reaches_the_report_as_markup(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from drivepercept.run import RunOptions, run
+
+    video = tmp_path / "a<i>b.mp4"  # a legal file name on Linux
+    shutil.copy(SAMPLE / "front.mp4", video)
+    result = run(
+        RunOptions(
+            sources=(f"<i>x<i>={video}", str(video)),
+            model="drivepercept-tiny",
+            settings={"max_frames": 2, "sample_hz": 0},
+            out_root=tmp_path / "runs",
+        )
+    )
+    html = (result.run_dir / "report.html").read_text()
+    assert "<i>" not in html
+    assert "a&lt;i&gt;b.mp4" in html  # the path, as text
+    names = [c.name for c in result.cameras]
+    assert all(
+        set(n) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+        for n in names
+    ), names
+
+
+def test_servers_listen_on_loopback_only(server: CameraServer) -> None:
+    from drivepercept.sinks.metrics import MetricsExporter
+
+    assert server.url("front").startswith("http://127.0.0.1:")
+    exporter = MetricsExporter(port=0, cameras=["front"], poll=lambda: [])
+    try:
+        assert exporter._server is not None
+        assert exporter._server.server_address[0] == "127.0.0.1"
+    finally:
+        exporter.close()
