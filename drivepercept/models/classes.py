@@ -14,9 +14,7 @@ import dataclasses
 
 from drivepercept.errors import ConfigError
 from drivepercept.models.base import Detector, ModelError
-from drivepercept.types import COCO_TO_DRIVING, DRIVING_CLASSES
-
-CLASS_CHOICES = ("driving", "all")  # (RunOptions checks the same two)
+from drivepercept.types import CLASS_CHOICES, COCO_TO_DRIVING, DRIVING_CLASSES
 
 
 def coco_driving_view(class_names: tuple[str, ...]) -> tuple[frozenset[int], tuple[str, ...]]:

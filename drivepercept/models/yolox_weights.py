@@ -125,7 +125,7 @@ def cache_path(size: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / release_file(size)
 
 
-def load_into(net: YOLOX, weights: str | None, store: WeightsStore) -> str | None:
+def load_into(net: YOLOX, weights: str | None, store: WeightsStore) -> None:
     """Loads `weights` into a freshly built (unfused) `net` and fuses its batch norms.
 
     Args:
@@ -133,16 +133,13 @@ def load_into(net: YOLOX, weights: str | None, store: WeightsStore) -> str | Non
         weights: None (random), "DEFAULT", or a path to a `.pth` checkpoint or `.onnx` export.
         store: where "DEFAULT" looks and downloads from.
 
-    Returns:
-        Where the weights came from (a path or URL), None for random weights.
-
     Raises:
         ModelError: the weights cannot be had or do not fit this size.
     """
     size = net.size.name
     if weights is None:
         net.fuse()
-        return None
+        return
     path = Path(weights) if weights != "DEFAULT" else find_default(size, store)
     if path.suffix.lower() == ".onnx":
         net.fuse()
@@ -151,7 +148,6 @@ def load_into(net: YOLOX, weights: str | None, store: WeightsStore) -> str | Non
         state = _weights.read_state_dict(str(path), model_name=f"yolox-{size}")
         _weights.apply_state_dict(net, state, source=str(path), model_name=f"yolox-{size}")
         net.fuse()
-    return str(path)
 
 
 def find_default(size: str, store: WeightsStore) -> Path:

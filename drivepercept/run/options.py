@@ -16,6 +16,7 @@ from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml, rig_model
+from drivepercept.types import CLASS_CHOICES
 
 # The real-road default: a pretrained COCO detector (its official weights are downloaded once).
 # A synthetic rig's rig.toml names the model trained on it instead (drivepercept-tiny).
@@ -26,7 +27,6 @@ RUN_KEYS = frozenset(
     {"model", "weights", "classes", "input_size", "out", "name", "save_video", "mosaic"}
     | {"budget_ms", "weights_dir", "weights_mirror"}
 )
-CLASS_CHOICES = ("driving", "all")
 # settings a front end takes from the environment (`environment_settings`)
 ENVIRONMENT = {
     "weights_dir": "DRIVEPERCEPT_WEIGHTS_DIR",

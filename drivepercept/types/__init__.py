@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 # (re-exported: the model-input types live in their own module, imported from here)
+from drivepercept.types.model_input import CLASS_CHOICES as CLASS_CHOICES
 from drivepercept.types.model_input import COCO_TO_DRIVING as COCO_TO_DRIVING
 from drivepercept.types.model_input import DRIVING_CLASSES as DRIVING_CLASSES
 from drivepercept.types.model_input import ColorOrder as ColorOrder

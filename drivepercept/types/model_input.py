@@ -29,6 +29,9 @@ DRIVING_CLASSES: tuple[str, ...] = (
     "traffic_sign",
 )
 
+# what a run may report: the driving classes (COCO's mapped onto them), or every class
+CLASS_CHOICES: tuple[str, ...] = ("driving", "all")
+
 # COCO class names -> the driving class each is reported as (the others are not driving
 # classes); used by the COCO models and by eval for models that report COCO names.
 COCO_TO_DRIVING: Mapping[str, str] = MappingProxyType(
