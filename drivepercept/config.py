@@ -34,6 +34,9 @@ class PipelineConfig:
         sample_hz: load samples (GPU through NVML, CPU, memory) per second; 0 = no sampler.
         warmup: run one full batch and one single frame through the engine before capture
             starts (CUDA lazy loading, cuDNN/cuBLAS set-up), kept out of every figure.
+        drain_timeout_s: after capture stops (duration, Ctrl-C, SIGTERM), the longest the
+            frames already read (queued, batched, on the device) may take to come out; the
+            drain ends as soon as they are out, so this is only a bound.
     """
 
     batch_timeout_ms: float = 20.0
@@ -50,6 +53,7 @@ class PipelineConfig:
     max_frames: int = 0
     sample_hz: float = 10.0
     warmup: bool = True
+    drain_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.batch_timeout_ms) and 0.0 <= self.batch_timeout_ms <= 60_000):
@@ -83,6 +87,10 @@ class PipelineConfig:
             raise ConfigError(f"max_frames must be >= 0, got {self.max_frames}")
         if not (math.isfinite(self.sample_hz) and 0.0 <= self.sample_hz <= 1000.0):
             raise ConfigError(f"sample_hz must be between 0 and 1000, got {self.sample_hz:g}")
+        if not (math.isfinite(self.drain_timeout_s) and 0.0 <= self.drain_timeout_s <= 3600.0):
+            raise ConfigError(
+                f"drain_timeout_s must be between 0 and 3600, got {self.drain_timeout_s:g}"
+            )
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,6 @@ from drivepercept.types import (
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 2.0
-DRAIN_TIMEOUT_S = 1.0  # after capture stops, how long in-flight frames may take to finish
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
@@ -158,6 +157,7 @@ class Pipeline:
         )
         self.counters = RunCounters(self.names)
         self._started = False
+        self._drain_started = 0.0
 
     # ------------------------------------------------------------------ wiring
 
@@ -270,8 +270,9 @@ class Pipeline:
         """Start (if needed), wait for every camera to end, and return the statistics.
 
         After `duration_s`, or on Ctrl-C (SIGTERM where the CLI maps it), capture stops and
-        the frames in flight get DRAIN_TIMEOUT_S to come out; then every thread is stopped
-        (within JOIN_TIMEOUT_S). On Ctrl-C the result has interrupted=True; either way
+        the frames already read drain out: the drain ends when the last of them is emitted,
+        or at `config.drain_timeout_s` at the latest; then every thread is stopped (within
+        JOIN_TIMEOUT_S). On Ctrl-C the result has interrupted=True; either way
         everything emitted is in the sinks. A second Ctrl-C skips the drain.
 
         Raises:
@@ -279,7 +280,7 @@ class Pipeline:
         """
         self.start()
         started = time.monotonic()
-        interrupted = False
+        interrupted = skipped_drain = False
         last_progress = 0.0
         drain_until: float | None = None
         complete = self.engine.completion_thread
@@ -301,7 +302,10 @@ class Pipeline:
             try:
                 complete.join(timeout=self.stop_capture() - time.monotonic())
             except KeyboardInterrupt:
+                skipped_drain = True
                 log.warning("interrupted again: stopping now")
+        if (drain_until is not None or interrupted) and not skipped_drain:
+            self._log_drain()
         not_stopped = self._shutdown()
         if progress is not None:
             progress(self)
@@ -318,8 +322,25 @@ class Pipeline:
     def stop_capture(self) -> float:
         """Stop reading cameras; what is queued and in flight still completes. Returns the
         monotonic time by which draining should be over. Safe from any thread."""
+        if not self.capture_stop.is_set():
+            self._drain_started = time.monotonic()
         self.capture_stop.set()
-        return time.monotonic() + DRAIN_TIMEOUT_S
+        return self._drain_started + self.config.drain_timeout_s
+
+    def _log_drain(self) -> None:
+        """Say how the drain went: over, or cut at its bound with frames still inside."""
+        took = time.monotonic() - self._drain_started
+        if not self.engine.completion_thread.is_alive():
+            log.info("drained the frames in flight in %.2f s", took)
+            return
+        read = sum(d.frames_read for d in self.decoders)
+        left = read - sum(self.frames_done()) - sum(self.queues.dropped())
+        log.warning(
+            "the drain bound (drain_timeout_s = %g s) was reached with %d frames still queued "
+            "or in flight: they are not in the outputs",
+            self.config.drain_timeout_s,
+            left,
+        )
 
     def _shutdown(self) -> tuple[str, ...]:
         """Stop every thread (joined with a shared 2 s budget), then close the sinks."""

@@ -14,7 +14,7 @@ from fakereaders import FakeReader
 from drivepercept.config import PipelineConfig
 from drivepercept.models.base import Detector, InputSpec
 from drivepercept.models.oracle import make_oracle
-from drivepercept.pipeline import DRAIN_TIMEOUT_S, JOIN_TIMEOUT_S, Pipeline, PipelineError
+from drivepercept.pipeline import JOIN_TIMEOUT_S, Pipeline, PipelineError
 from drivepercept.types import FrameResult
 
 pytestmark = pytest.mark.timeout(60)
@@ -255,11 +255,53 @@ def test_a_lone_batch_is_not_held_back_waiting_for_the_next() -> None:
     assert waits_ms[len(waits_ms) // 2] < 50.0, waits_ms
 
 
+class _Sleepy(torch.nn.Module):
+    """A model that takes `seconds` a batch and finds nothing."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        time.sleep(self.seconds)
+        empty = {"boxes": torch.zeros((0, 4)), "scores": torch.zeros(0)}
+        return [{**empty, "labels": torch.zeros(0, dtype=torch.long)} for _ in range(len(x))]
+
+
+@pytest.mark.parametrize("bound_s", [10.0, 0.3])
+def test_the_drain_waits_for_the_frames_in_flight_up_to_its_bound(bound_s: float) -> None:
+    # given a model that takes 0.4 s a batch, and frames queued behind it when capture stops
+    detector = Detector("sleepy", _Sleepy(0.4), InputSpec((64, 64)), ("a",))
+    sink = Collect()
+    p = Pipeline(
+        cameras=[("c", FakeReader(frames=1000))],
+        detector=detector,
+        config=_cpu(drain_timeout_s=bound_s, queue_capacity=3, warmup=False, sample_hz=0),
+        sinks=[sink],
+    )
+    started = time.monotonic()
+    stats = p.run(duration_s=0.5)
+    took = time.monotonic() - started
+    read = p.decoders[0].frames_read
+    if bound_s > 5:
+        # then every frame read came out, and the drain ended when they did, not at its bound
+        assert read >= 3 and stats.frames == read == len(sink.results)
+        assert took < 0.5 + 0.4 * (read + 1) + 1.5, (took, read)
+    else:
+        # then a short bound cuts the drain: the frames still inside are counted as discarded
+        assert stats.frames < read and took < 0.5 + bound_s + 0.4 + JOIN_TIMEOUT_S
+        assert stats.cameras[0].discarded == read - stats.frames
+    assert stats.threads_not_stopped == ()
+
+
+DRAIN_S = 0.5
+
+
 def test_results_after_the_join_budget_are_dropped_not_written_to_closed_sinks() -> None:
     # given a model so slow that the engine overruns the shutdown budget
     class Slow(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-            time.sleep(DRAIN_TIMEOUT_S + JOIN_TIMEOUT_S + 1.0)
+            time.sleep(DRAIN_S + JOIN_TIMEOUT_S + 1.0)
             return [
                 {
                     "boxes": torch.zeros((0, 4)),
@@ -279,7 +321,10 @@ def test_results_after_the_join_budget_are_dropped_not_written_to_closed_sinks()
             raise KeyboardInterrupt
 
     p = Pipeline(
-        cameras=[("c", FakeReader(frames=5))], detector=detector, config=_cpu(), sinks=[sink]
+        cameras=[("c", FakeReader(frames=5))],
+        detector=detector,
+        config=_cpu(drain_timeout_s=DRAIN_S),
+        sinks=[sink],
     )
     stats = p.run(progress=interrupt, progress_interval_s=0.1)
     # then the run reports the thread that did not stop, and what it emitted late is neither

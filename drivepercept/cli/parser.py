@@ -85,6 +85,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         ("--queue-capacity", int, "frames waiting per camera (default 4; live 1)"),
         ("--max-frames", int, "stop each camera after N frames"),
         ("--sample-hz", float, "GPU/CPU load samples per second, 0 = off (default 10)"),
+        ("--drain-timeout-s", float, "after a stop, frames in flight may take this long (10)"),
         ("--no-progress", "store_true", "no progress bar"),
     )
 
