@@ -4,6 +4,7 @@ in which one camera dies while the others carry on."""
 from __future__ import annotations
 
 import itertools
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from fakereaders import FakeReader
 from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
 from drivepercept.models.oracle import make_oracle
-from drivepercept.pipeline import Pipeline
+from drivepercept.pipeline import JOIN_TIMEOUT_S, Pipeline
 from drivepercept.rig import is_device, is_stream
 from drivepercept.sources.live import LiveSource, totals
 from drivepercept.sources.readers import FrameReader, SourceError, StateChange
@@ -125,6 +126,47 @@ def test_stop_interrupts_a_reconnect_wait(stop: threading.Event) -> None:
     assert time.monotonic() - t0 < 2.0
     source.close()
     assert source.state == CameraState.ENDED
+
+
+def test_stop_abandons_a_connection_attempt_in_progress(stop: threading.Event) -> None:
+    # given an open that takes 3 s (FFmpeg waiting out its open timeout on a dead server)
+    late = FakeReader(frames=5)
+
+    def slow_open(source: str, policy: ReconnectPolicy) -> FrameReader:
+        time.sleep(3.0)
+        return late
+
+    source = LiveSource(camera="cam", source="rtsp://x", policy=FAST, stop=stop, opener=slow_open)
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    # then a stop during the attempt returns at once: the attempt is abandoned, not waited for
+    assert source.read() is None
+    assert time.monotonic() - t0 < 0.6
+    source.close()
+    assert source.state == CameraState.ENDED
+    # and the connection it made after all is given back, not leaked
+    assert late.closed.wait(5.0)
+
+
+def test_stop_during_a_real_ffmpeg_open_of_a_silent_server(stop: threading.Event) -> None:
+    # given a server that accepts the connection and never answers (open timeout 20 s)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    port = server.getsockname()[1]
+    policy = ReconnectPolicy(open_timeout_s=20.0, read_timeout_s=20.0)
+    source = LiveSource(
+        camera="mute", source=f"http://127.0.0.1:{port}/cam.mjpg", policy=policy, stop=stop
+    )
+    threading.Timer(0.5, stop.set).start()
+    t0 = time.monotonic()
+    try:
+        # then the camera stops within the pipeline's join budget, not after 20 s
+        assert source.read() is None
+        assert time.monotonic() - t0 < 0.5 + JOIN_TIMEOUT_S
+    finally:
+        server.close()
+    source.close()
 
 
 def test_totals_of_down_outage_and_streaming_time() -> None:

@@ -268,6 +268,8 @@ def test_every_camera_failing_fails_the_run_with_a_complete_report(tmp_path: Pat
     assert proc.returncode == 4, err  # every camera failed: none delivered a frame
     last = err.strip().splitlines()[-1]
     assert last.startswith("drivepercept live: error: every camera failed: c0:"), last
+    # each camera's reason is what the server did: nothing listens on those ports
+    assert last.count("connection refused") == 2, last
     record = json.loads((tmp_path / "dead" / "run.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("every camera failed")
     assert {c["state"] for c in record["live"].values()} == {"failed"}
@@ -302,6 +304,7 @@ def test_no_camera_ever_delivering_is_a_failure_not_success(
     last = err.strip().splitlines()[-1]
     assert last.startswith("drivepercept live: error: no camera delivered a frame: c1: "), last
     assert "c2: " in last and "Traceback" not in err
+    assert last.count("HTTP 404 Not Found") == 2, last  # the server's answer, for each camera
     record = json.loads((tmp_path / "none" / "run.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("no camera delivered")
 

@@ -19,7 +19,7 @@ frames/s, null where there is nothing to measure):
   pipeline's count, from run.json; null if unknown), frame_index_gaps (source frames missing
   between the ones processed), frames_missing_from_source, live (live and real-time runs:
   {source, state, connects, failed_attempts (opens that failed and connections that gave no
-  frame), downtime_s, changes: [{t_ns, state,
+  frame), last_error (why the last attempt failed), downtime_s, changes: [{t_ns, state,
   detail}]}, else null)}};
 - throughput: {window_s, start_s[], total_fps[], cameras: {name: fps[]}} per window of
   emission time;
@@ -125,6 +125,7 @@ def _live_camera(record: Any, run: RunRecord, camera: str) -> dict[str, Any] | N
         "state": record.get("state"),
         "connects": record.get("connects"),
         "failed_attempts": record.get("failed_attempts"),
+        "last_error": record.get("last_error"),
         "downtime_s": record.get("downtime_s"),
         "outage_s": record.get("outage_s"),
         "frames_received": record.get("frames_received"),

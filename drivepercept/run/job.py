@@ -36,7 +36,7 @@ from drivepercept.sinks.metrics import MetricsExporter
 from drivepercept.sources.open import open_cameras
 from drivepercept.sources.readers import FrameReader
 from drivepercept.telemetry.counters import CameraStats, RunStats
-from drivepercept.types import CameraState, DropPolicy
+from drivepercept.types import CameraSnapshot, CameraState, DropPolicy
 
 log = logging.getLogger(__name__)
 
@@ -228,21 +228,12 @@ def _run(
     error: str | None = None
     if failed and len(failed) == len(cams):
         status = "failed"
-        reasons = [
-            f"{s.name}: {s.reader.changes[-1].detail if s.reader.changes else 'failed'}"
-            for s in snapshots
-        ]
-        error = "every camera failed: " + "; ".join(reasons)
+        error = "every camera failed: " + "; ".join(_why(s) for s in snapshots)
     elif not stats.interrupted and not any(c.frames for c in stats.cameras):
         # nothing worked is not a success: say why each camera gave nothing (a live camera
         # that kept failing to open until --duration ended, a video with no frame)
         status = "failed"
-        error = "no camera delivered a frame: " + "; ".join(
-            f"{s.name}: {s.reader.changes[-1].detail or s.state.value}"
-            if s.reader.changes
-            else f"{s.name}: {s.state.value}"
-            for s in snapshots
-        )
+        error = "no camera delivered a frame: " + "; ".join(_why(s) for s in snapshots)
     record = final_record(record, pipeline, cams, readers, stats, status=status, error=error)
     run_dir.write_record(record)
     report = _report(run_dir, options)
@@ -258,6 +249,13 @@ def _run(
         failed_cameras=failed,
         error=error,
     )
+
+
+def _why(snap: CameraSnapshot) -> str:
+    """One camera's reason for giving nothing: its last failure (HTTP 404, connection
+    refused, ...), else its last state change, else its state."""
+    last = snap.reader.changes[-1].detail if snap.reader.changes else ""
+    return f"{snap.name}: {snap.reader.last_error or last or snap.state.value}"
 
 
 def _report(run_dir: RunDir, options: RunOptions) -> ReportResult | None:

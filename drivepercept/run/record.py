@@ -13,6 +13,7 @@ Sections (each a JSON object; `drivepercept.rundir.RunRecord` fixes the top leve
   camera frames, dropped, fps, frames_missing_from_source, discarded_at_stop, end_to_end_ms
   {p50, p95, p99, max};
 - live (live and real-time runs): per camera source, state, connects, failed_attempts,
+  last_error,
   downtime_s, outage_s, frames_received, arrival_fps, frames_lost_estimate (outage x the
   camera's own arrival rate), changes [{t_ns, state, detail}];
 - sinks: per output: slow, on_failure, frames_written, frames_dropped, queue_high_water,
@@ -128,6 +129,7 @@ def live_record(
             "state": snap.state.value,
             "connects": r.connects,
             "failed_attempts": r.failed_attempts,
+            "last_error": redact(r.last_error),
             "downtime_s": round(r.downtime_s, 3),
             "outage_s": round(r.outage_s, 3),
             "frames_received": snap.read,

@@ -30,6 +30,7 @@ import numpy as np
 from drivepercept.config import ReconnectPolicy
 from drivepercept.errors import redact
 from drivepercept.rig import is_device, is_stream
+from drivepercept.sources.probe import why_not_open
 from drivepercept.sources.readers import (
     FrameReader,
     RawFrame,
@@ -44,6 +45,7 @@ from drivepercept.types import CameraState, ImageU8
 log = logging.getLogger(__name__)
 
 MAX_CHANGES = 1000  # state changes kept per camera (totals are kept apart, unbounded)
+_STOP_POLL_S = 0.05  # how often a connection attempt in progress looks at the stop event
 
 
 class CaptureReader:
@@ -65,7 +67,9 @@ class CaptureReader:
             self._cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, params)
         if not self._cap.isOpened():
             self._cap.release()
-            raise SourceError(f"cannot open {source}")
+            # OpenCV does not say why: ask the server (HTTP 404, refused, unauthorized, ...)
+            why = why_not_open(source, timeout_s=min(3.0, policy.open_timeout_s))
+            raise SourceError(f"cannot open {source}" + (f": {why}" if why else ""))
         fps = self._cap.get(cv2.CAP_PROP_FPS)
         self.info = SourceInfo(
             int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
@@ -210,6 +214,7 @@ class LiveSource:
             outage_s=outage,
             streaming_s=streaming,
             changes=tuple(self.changes()),
+            last_error=redact(self._last_error),
         )
 
     # ------------------------------------------------------------------ reading
@@ -236,11 +241,37 @@ class LiveSource:
                 if self.stop.wait(self.policy.delay_s(self._failures)):
                     return False
             try:
-                self._attach(self.opener(self.source, self.policy))
-                return True
+                reader = self._attempt()
             except SourceError as exc:
                 self._fail(str(exc))
+                continue
+            if reader is None:  # stopped during the attempt
+                return False
+            self._attach(reader)
+            return True
         return False
+
+    def _attempt(self) -> FrameReader | None:
+        """One connection attempt, made on a helper thread (`open-<camera>`) so that a stop
+        abandons it at once instead of waiting out the open timeout (FFmpeg's open of a dead
+        server blocks for up to `open_timeout_s`). An abandoned attempt that connects later
+        closes its reader itself. Returns None when stopped meanwhile.
+
+        Raises:
+            SourceError: the attempt failed.
+        """
+        attempt = _Attempt(lambda: self.opener(self.source, self.policy))
+        threading.Thread(target=attempt.run, name=f"open-{self.camera}", daemon=True).start()
+        while not attempt.done.wait(_STOP_POLL_S):
+            if self.stop.is_set() and attempt.abandon():
+                log.info("camera %s: connection attempt abandoned (stopping)", self.camera)
+                return None
+        if isinstance(attempt.outcome, BaseException):
+            raise attempt.outcome
+        if self.stop.is_set():
+            attempt.outcome.close()
+            return None
+        return attempt.outcome
 
     def _fail(self, reason: str) -> None:
         self._failures += 1
@@ -297,6 +328,39 @@ class LiveSource:
             self._reader = None
         if self.state in (CameraState.STREAMING, CameraState.CONNECTING, CameraState.RECONNECTING):
             self._set(CameraState.ENDED, "stopped")
+
+
+class _Attempt:
+    """The outcome of one connection attempt running on its own thread, and whether the
+    camera still wants it (see `LiveSource._attempt`)."""
+
+    def __init__(self, connect: Callable[[], FrameReader]) -> None:
+        self.connect = connect
+        self.done = threading.Event()
+        self.outcome: FrameReader | BaseException = SourceError("no attempt made")
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def run(self) -> None:
+        try:
+            outcome: FrameReader | BaseException = self.connect()
+        except BaseException as exc:  # handed to the camera's thread, which raises it
+            outcome = exc
+        with self._lock:
+            if self._abandoned:
+                if not isinstance(outcome, BaseException):
+                    outcome.close()  # nobody will read it: give the connection back
+                return
+            self.outcome = outcome
+            self.done.set()
+
+    def abandon(self) -> bool:
+        """Give up waiting; False if the outcome is already in (then take it)."""
+        with self._lock:
+            if self.done.is_set():
+                return False
+            self._abandoned = True
+            return True
 
 
 @dataclass(frozen=True)

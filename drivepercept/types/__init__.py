@@ -70,6 +70,8 @@ class ReaderStatus:
         outage_s: down time after it first streamed.
         streaming_s: time streaming.
         changes: the kept state changes, oldest first.
+        last_error: why the last attempt or read failed ("" if none did), credentials
+            redacted: the reason a run that got nothing from this camera gives.
     """
 
     state: CameraState
@@ -80,6 +82,7 @@ class ReaderStatus:
     outage_s: float = 0.0
     streaming_s: float = 0.0
     changes: tuple[StateChange, ...] = ()
+    last_error: str = ""
 
 
 @dataclass(frozen=True)
