@@ -12,6 +12,7 @@ as a `PipelineError` with the cause attached. The pipeline is a context manager.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import signal
@@ -26,7 +27,7 @@ from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
 from drivepercept.engine.engine import InferenceEngine
-from drivepercept.errors import DrivePerceptError, StageError, one_line
+from drivepercept.errors import DrivePerceptError, StageError, one_line, redact
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
 from drivepercept.sinks.base import LoadSink, Sink
@@ -240,6 +241,10 @@ class Pipeline:
             state = reader.state
             if state is CameraState.STREAMING and d.thread.ident and not d.thread.is_alive():
                 state = CameraState.ENDED  # stopped reading (max_frames, a stop)
+            if isinstance(d.error, Exception):  # its reader or preparation raised
+                state = CameraState.FAILED
+                why = redact(one_line(f"{type(d.error).__name__}: {d.error}"))
+                reader = dataclasses.replace(reader, state=state, last_error=why)
             out.append(
                 CameraSnapshot(
                     name=d.camera,
@@ -440,4 +445,7 @@ class Pipeline:
             queue_high_water=tuple(self.queues.high_water()),
             warmup=self.engine.warmup,
             in_flight_high_water=self.engine.in_flight_high_water,
+            failed_batches=self.engine.failures.batches,
+            failed_frames=self.engine.failures.frames,
+            batch_error=self.engine.failures.last,
         )

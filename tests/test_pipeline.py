@@ -15,7 +15,7 @@ from drivepercept.config import PipelineConfig
 from drivepercept.models.base import Detector, InputSpec
 from drivepercept.models.oracle import make_oracle
 from drivepercept.pipeline import JOIN_TIMEOUT_S, Pipeline, PipelineError
-from drivepercept.types import FrameResult
+from drivepercept.types import CameraState, FrameResult
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -176,21 +176,71 @@ def test_camera_that_ends_early_leaves_the_rest_running() -> None:
     assert elapsed < 10.0
 
 
-def test_failing_camera_raises_pipeline_error_and_stops_everything() -> None:
+def test_a_camera_whose_decoder_raises_fails_alone_and_the_others_go_on() -> None:
+    # given a camera whose reader raises at its 6th frame, beside a healthy one
     sink = Collect()
     cams = [
-        ("ok", FakeReader(frames=1000, pace_s=0.001)),
+        ("ok", FakeReader(frames=300, pace_s=0.001)),
         ("bad", FakeReader(frames=50, fail_at=5)),
     ]
+    with Pipeline(
+        cameras=cams, detector=make_oracle(size=(64, 64)), config=_cpu(), sinks=[sink]
+    ) as p:
+        stats = p.run()
+        snaps = {s.name: s for s in p.cameras()}
+    # then the run goes on to the healthy camera's end; the failed one keeps its 5 frames
+    assert [c.frames for c in stats.cameras] == [300, 5]
+    assert snaps["bad"].state is CameraState.FAILED and snaps["ok"].state is CameraState.ENDED
+    assert snaps["bad"].reader.last_error == "RuntimeError: camera broke at frame 5"
+    assert len(sink.results) == 305 and sink.closed
+
+
+def test_a_model_that_raises_on_one_batch_loses_that_batch_only() -> None:
+    # given a model that raises on its 3rd call (the warm-up is off: calls are batches)
+    class Flaky(torch.nn.Module):
+        calls = 0
+
+        def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+            Flaky.calls += 1
+            if Flaky.calls == 3:
+                raise RuntimeError("CUDA out of memory (injected)")
+            return _Sleepy(0.0)(x)
+
+    detector = Detector("flaky", Flaky(), InputSpec((64, 64)), ("a",))
+    sink = Collect()
+    with Pipeline(
+        cameras=[("c", FakeReader(frames=10))],
+        detector=detector,
+        config=_cpu(warmup=False, sample_hz=0),
+        sinks=[sink],
+    ) as p:
+        stats = p.run()
+    # then that batch's frame has no result, every other frame has, and the run says so
+    assert stats.failed_batches == 1 and stats.failed_frames == 1
+    assert stats.batch_error == "RuntimeError: CUDA out of memory (injected)"
+    assert stats.frames == 9 and stats.cameras[0].discarded == 1
+    assert sorted(r.frame_index for r in sink.results) == [0, 1, *range(3, 10)]
+
+
+def test_a_model_that_keeps_raising_stops_the_run() -> None:
+    class Broken(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("shape mismatch (injected)")
+
+    detector = Detector("broken", Broken(), InputSpec((64, 64)), ("a",))
+    sink = Collect()
     with (
         Pipeline(
-            cameras=cams, detector=make_oracle(size=(64, 64)), config=_cpu(), sinks=[sink]
+            cameras=[("c", FakeReader(frames=50))],
+            detector=detector,
+            config=_cpu(warmup=False, sample_hz=0),
+            sinks=[sink],
         ) as p,
-        pytest.raises(PipelineError, match="camera broke") as info,
+        pytest.raises(PipelineError, match="3 batches in a row failed") as info,
     ):
         p.run()
-    assert isinstance(info.value.__cause__, RuntimeError)
-    assert sink.closed
+    assert isinstance(info.value.__cause__.__cause__, ValueError)
+    assert sink.closed and sink.results == []
 
 
 def test_keyboard_interrupt_stops_within_the_join_budget() -> None:

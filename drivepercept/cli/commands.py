@@ -136,7 +136,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if why:
         print(f"drivepercept {args.command}: error: {redact(why)}", file=sys.stderr)
-        return EXIT_NO_FRAMES if result.error else EXIT_PARTIAL
+        return EXIT_NO_FRAMES if result.error and not result.stats.frames else EXIT_PARTIAL
     return EXIT_OK
 
 

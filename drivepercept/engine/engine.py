@@ -19,6 +19,12 @@ Two named threads:
   here, on this thread). It frees the staging slot once the upload is done, maps boxes back
   through each frame's letterbox and hands the frames' results on.
 
+A batch the model (or its post-processing) raises on is set aside, not the run: its slot is
+given back, its frames get no results (counted in `failed_batches` / `failed_frames`, and in
+their cameras' `discarded`), the error is logged once per batch, and the next batch runs.
+Only `failures.MAX_FAILED_IN_A_ROW` failed batches in a row (a model that cannot run at all)
+stop the run, through the pipeline's error handler; a failure in the warm-up stops it at once.
+
 CUDA events order the streams (compute waits for its copy, post-processing for its compute)
 and time each span. On the CPU the same steps run in the same order on the same threads,
 without streams, pinned memory or events (host clocks time the spans). Both threads make the
@@ -42,6 +48,7 @@ import torch
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device
+from drivepercept.engine.failures import BatchFailures
 from drivepercept.engine.step import DetectorStep, Outputs
 from drivepercept.models.base import Detector
 from drivepercept.queues import put_until_stopped
@@ -63,6 +70,7 @@ class _Staged:
     start: torch.cuda.Event | None = None
     copied: torch.cuda.Event | None = None
     copy_done_ns: int = 0
+    released: bool = False  # its staging slot was given back
 
 
 @dataclass
@@ -145,6 +153,7 @@ class InferenceEngine:
         self._count_lock = threading.Lock()
         self._now_in_flight = 0
         self.in_flight_high_water = 0
+        self.failures = BatchFailures()  # batches the model or post-processing raised on
         # On the CPU a staging slot is free once its float copy is taken, and replay lets the
         # batcher refill it during compute. Live (drop_oldest) keeps it until the model is
         # done: the batcher then takes each camera's newest frame just when the engine is
@@ -205,8 +214,30 @@ class InferenceEngine:
         return _Staged(batch, rows.shape[0], device_u8, submit_ns, start, copied)
 
     def _release(self, staged: _Staged) -> None:
-        if staged.batch is not None:
+        if staged.batch is not None and not staged.released:
+            staged.released = True
             self.ring.release(staged.batch.slot)
+
+    def _batch_failed(self, staged: _Staged, exc: Exception) -> None:
+        """Set a batch the model raised on aside (see the module docstring).
+
+        Raises:
+            StageError: too many batches in a row failed (`BatchFailures`).
+        """
+        batch = staged.batch
+        if batch is None:  # the warm-up: a model that cannot run at all
+            raise exc
+        if self.cuda and staged.copied is not None:
+            with contextlib.suppress(RuntimeError):  # a broken context raises here too
+                staged.copied.synchronize()  # the slot is free once its upload is done
+        self._release(staged)
+        self.failures.failed(batch, exc)
+
+    def _landed(self) -> None:
+        """A launched batch is over (done or failed): the next may be launched."""
+        with self._count_lock:
+            self._now_in_flight -= 1
+        self._flight_slots.release()
 
     def _compute(self, staged: _Staged) -> _InFlight:
         """Launch normalise + model on the compute stream (returns before the device is done,
@@ -308,7 +339,13 @@ class InferenceEngine:
         with self._count_lock:
             self._now_in_flight += 1
             self.in_flight_high_water = max(self.in_flight_high_water, self._now_in_flight)
-        put_until_stopped(self._in_flight, self._compute(staged), self.stop)
+        try:
+            flight = self._compute(staged)
+        except Exception as exc:
+            self._landed()
+            self._batch_failed(staged, exc)
+            return
+        put_until_stopped(self._in_flight, flight, self.stop)
 
     # ------------------------------------------------------------------ completion thread
 
@@ -369,10 +406,13 @@ class InferenceEngine:
         staged = flight.staged
         batch = staged.batch
         assert batch is not None
-        copy_done = self._post(flight)
-        with self._count_lock:
-            self._now_in_flight -= 1
-        self._flight_slots.release()  # the device is done with it: the next may be launched
+        try:
+            copy_done = self._post(flight)
+        except Exception as exc:
+            self._landed()
+            self._batch_failed(staged, exc)
+            return
+        self._landed()  # the device is done with it: the next may be launched
         times = flight.times_ns
         counts = self._counts[: batch.size].tolist()
         packed = self._out[: batch.size].numpy()
@@ -404,3 +444,4 @@ class InferenceEngine:
         self.emit(results)
         self.batches_done += 1
         self.frames_done += len(results)
+        self.failures.succeeded()

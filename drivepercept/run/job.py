@@ -67,6 +67,12 @@ class RunResult:
         run is not a failure: `stats.interrupted` says so.)"""
         if self.error:
             return self.error
+        s = self.stats
+        if s.failed_batches:
+            return (
+                f"the model failed on {s.failed_batches} batch(es), {s.failed_frames} frames "
+                f"without results (the run went on), the last with {s.batch_error}"
+            )
         if self.failed_cameras:
             names = ", ".join(self.failed_cameras)
             return f"camera(s) failed for good: {names} (the others ran; see {self.run_dir})"

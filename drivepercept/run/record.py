@@ -9,7 +9,8 @@ Sections (each a JSON object; `drivepercept.rundir.RunRecord` fixes the top leve
 - environment: versions, device, GPU name, CPU threads;
 - telemetry: the load sampler's info (rate, GPUs, why GPU metrics are unavailable, samples);
 - summary: frames, elapsed_s, throughput_fps, batches, partial_batches, mean_batch_size,
-  interrupted, threads_not_stopped, warmup [{batch_size, ms}], in_flight_high_water and per
+  interrupted, threads_not_stopped, warmup [{batch_size, ms}], in_flight_high_water,
+  failed_batches, failed_frames, batch_error (batches the model raised on) and per
   camera frames, dropped, fps, frames_missing_from_source, discarded_at_stop, end_to_end_ms
   {p50, p95, p99, max};
 - live (live and real-time runs): per camera source, state, connects, failed_attempts,
@@ -81,6 +82,9 @@ def stats_summary(stats: RunStats) -> dict[str, Any]:
         "threads_not_stopped": list(stats.threads_not_stopped),
         "warmup": [{"batch_size": w.batch_size, "ms": round(w.ms, 3)} for w in stats.warmup],
         "in_flight_high_water": stats.in_flight_high_water,
+        "failed_batches": stats.failed_batches,
+        "failed_frames": stats.failed_frames,
+        "batch_error": stats.batch_error,
         "cameras": {
             c.name: {
                 "frames": c.frames,

@@ -4,6 +4,7 @@ One named thread (`decode-<camera>`) per camera. It reads a frame (whose capture
 reader knows: when a file's read began, when a live frame arrived), stamps it with its index
 and presentation time, letterboxes it for the model on the CPU while the device works on
 earlier batches, and puts it into its camera's bounded queue under the queue's drop policy.
+A read or preparation that raises fails this camera alone: it ends, and the others go on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from drivepercept.errors import one_line, redact
 from drivepercept.sources.prepare import prepare
 from drivepercept.sources.readers import FrameReader
 from drivepercept.types import Frame, FrameMeta, InputSpec
@@ -69,7 +71,7 @@ class DecoderThread:
         self.on_error = on_error
         self.frames_read = 0
         self.short_by = 0  # frames announced by the container but not decodable
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # what ended it, if it failed
         self.thread = threading.Thread(target=self._run, name=f"decode-{camera}", daemon=True)
 
     def start(self) -> None:
@@ -112,6 +114,16 @@ class DecoderThread:
                 if not self.queues.put(self.camera_index, frame, stop=self.stop):
                     break
                 self.frames_read += 1
+        except Exception as exc:
+            # this camera failed, not the rig: it ends (the batcher stops waiting for it), the
+            # others go on, and the run names it as failed with this reason
+            self.error = exc
+            log.error(
+                "camera %s failed after %d frames: %s",
+                self.camera,
+                self.frames_read,
+                redact(one_line(f"{type(exc).__name__}: {exc}")),
+            )
         except BaseException as exc:  # recorded; the pipeline re-raises it on the main thread
             self.error = exc
             if self.on_error is not None:

@@ -50,6 +50,9 @@ class RunStats:
     queue_high_water: tuple[int, ...] = field(default=())
     warmup: tuple[WarmupRun, ...] = ()  # the engine's warm-up batches (not in the figures)
     in_flight_high_water: int = 0  # most batches launched on the device and not yet finished
+    failed_batches: int = 0  # batches the model raised on: set aside, their frames unanswered
+    failed_frames: int = 0
+    batch_error: str | None = None  # the last such error, one line
 
     @property
     def throughput_fps(self) -> float:
