@@ -204,7 +204,7 @@ def test_a_model_that_raises_on_one_batch_loses_that_batch_only() -> None:
             Flaky.calls += 1
             if Flaky.calls == 3:
                 raise RuntimeError("CUDA out of memory (injected)")
-            return _Sleepy(0.0)(x)
+            return _Sleepy(0.0).forward(x)
 
     detector = Detector("flaky", Flaky(), InputSpec((64, 64)), ("a",))
     sink = Collect()
@@ -239,7 +239,8 @@ def test_a_model_that_keeps_raising_stops_the_run() -> None:
         pytest.raises(PipelineError, match="3 batches in a row failed") as info,
     ):
         p.run()
-    assert isinstance(info.value.__cause__.__cause__, ValueError)
+    cause = info.value.__cause__
+    assert cause is not None and isinstance(cause.__cause__, ValueError)
     assert sink.closed and sink.results == []
 
 
