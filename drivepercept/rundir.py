@@ -120,6 +120,7 @@ def write_text(path: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)  # a full disk leaves an empty one behind
         raise OutputError(f"cannot write {path}: {exc.strerror}") from None
 
 

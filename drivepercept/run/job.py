@@ -222,11 +222,11 @@ def _run(
         record = final_record(
             record, pipeline, cams, readers, pipeline.stats(), status="failed", error=why
         )
-        run_dir.write_record(record)
         try:
+            run_dir.write_record(record)
             _report(run_dir, options)
         except Exception as report_exc:  # the run's own error is the one to report
-            log.error("the report of the failed run could not be written: %s", report_exc)
+            log.error("the record or report of the failed run was not written: %s", report_exc)
         raise
     snapshots = pipeline.cameras()
     failed = tuple(s.name for s in snapshots if s.state is CameraState.FAILED)

@@ -12,6 +12,7 @@ Not thread-safe: the pipeline calls sinks from its one emit thread.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import time
@@ -109,6 +110,7 @@ class LineFile:
         # writing them twice at close().
         pending, self._pending, self._pending_chars = self._pending, [], 0
         data = memoryview("".join(pending).encode("utf-8"))
+        start = self._file.tell()
         try:
             while data:
                 written = self._file.write(data)
@@ -116,6 +118,11 @@ class LineFile:
                     raise OSError(f"the file took no bytes ({written!r})")
                 data = data[written:]
         except OSError as exc:
+            # a full disk takes part of a chunk, then refuses: cut the file back to its last
+            # whole line, so that what was written stays a valid file
+            with contextlib.suppress(OSError):
+                self._file.truncate(start)
+                self._file.seek(start)
             raise OutputError(f"cannot write {self._what} {self.path}: {reason(exc)}") from None
         self._last_write_s = time.monotonic()
 
