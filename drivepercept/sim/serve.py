@@ -76,9 +76,13 @@ class _Feed:
         self._seq = 0  # frames published; each client remembers the last seq it sent
         self._ended = False
         self._sent = self._skipped = self._clients = 0
+        self.stalled = False  # a fault: frames are made but not published, connections stay
+        self.size: tuple[int, int] | None = None  # a fault: frames resized to (w, h)
 
     def publish(self, jpeg: bytes) -> None:
         with self._cond:
+            if self.stalled:
+                return
             self._jpeg, self._seq = jpeg, self._seq + 1
             self._cond.notify_all()
 
@@ -361,6 +365,16 @@ class CameraServer:
         """Clients of camera `name` connected now."""
         return self._feed(name).stats()[3]
 
+    def stall(self, name: str, stalled: bool = True) -> None:
+        """A fault for tests: camera `name` goes on running but sends nothing, and keeps its
+        clients connected (a camera hung without closing), until `stall(name, False)`."""
+        self._feed(name).stalled = stalled
+
+    def resize(self, name: str, size: tuple[int, int] | None) -> None:
+        """A fault for tests: camera `name` changes its resolution to `size` (w, h) mid-stream
+        (None: back to its video's own)."""
+        self._feed(name).size = size
+
     def _feed(self, name: str) -> _Feed:
         if name not in self._feeds:
             raise ServeError(f"expected a camera in {', '.join(self._feeds)}, got {name!r}")
@@ -378,7 +392,9 @@ class CameraServer:
         due = time.monotonic()  # absolute deadlines: decode and wake-up time cause no drift
         try:
             while True:
-                ok, jpeg = cv2.imencode(".jpg", frame, params)
+                size = feed.size
+                shown = frame if size is None else cv2.resize(frame, size)
+                ok, jpeg = cv2.imencode(".jpg", shown, params)
                 if not ok:
                     raise ServeError(f"cannot JPEG-encode a frame of {camera.path}")
                 if self._stop.wait(max(0.0, due - time.monotonic())):

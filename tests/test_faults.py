@@ -1,0 +1,319 @@
+"""Faults injected into real runs, each with the behaviour the README's "What happens when"
+table promises: a full disk, a read-only output folder, a camera that stalls without closing,
+a camera that changes resolution mid-stream, and a run killed with SIGKILL.
+
+(A decoder or a model raising, and slow or failing outputs, are in test_pipeline.py and
+test_run.py, against fakes that raise on cue.)"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from drivepercept.config import ReconnectPolicy
+from drivepercept.errors import OutputError
+from drivepercept.models.oracle import make_oracle
+from drivepercept.run import Mode, RunOptions, run
+from drivepercept.sim.serve import CameraServer
+from drivepercept.sinks import _lines
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "sample_videos"
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.integration]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "drivepercept", *args],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
+    )
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, *options: str) -> Iterator[Path]:
+    """A real small filesystem at `path` (needs root and mount(8)); skips the test without."""
+    path.mkdir(parents=True, exist_ok=True)
+    opts = ",".join(options)
+    try:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        pytest.skip("mount(8) is not available")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=10)
+
+
+def _check_valid_outputs(run_dir: Path) -> tuple[int, int]:
+    """Every output file of a run folder parses; (detections lines, frames.csv rows)."""
+    data = (run_dir / "detections.jsonl").read_bytes()
+    assert data == b"" or data.endswith(b"\n"), data[-80:]  # whole lines only
+    detections = [json.loads(line) for line in data.decode().splitlines()]
+    for name in ("frames.csv", "load.csv"):
+        if (run_dir / name).exists():
+            with (run_dir / name).open(newline="") as fh:
+                rows = list(csv.reader(fh))
+            assert len({len(r) for r in rows}) <= 1, f"{name} has a cut row"
+    with (run_dir / "frames.csv").open(newline="") as fh:
+        frame_rows = len(list(csv.DictReader(fh)))
+    json.loads((run_dir / "run.json").read_text())
+    assert not list(run_dir.glob("*.tmp")), "a temporary file was left behind"
+    return len(detections), frame_rows
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+class _FullDisk(io.FileIO):
+    """A file on a disk with `room` bytes left: the write that reaches the end takes part
+    of its chunk, the next raises ENOSPC (what write(2) does on a full filesystem)."""
+
+    room = 300
+
+    def write(self, data: Any) -> int:
+        left = _FullDisk.room - self.tell()
+        if left <= 0:
+            raise OSError(28, "No space left on device")
+        return super().write(bytes(data)[:left])
+
+
+def test_a_chunk_cut_short_by_a_full_disk_is_cut_back_to_whole_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_lines, "open_for_writing", lambda path, what: _FullDisk(path, "w"))
+    path = tmp_path / "d.jsonl"
+    lines = _lines.LineFile(path, what="detections file", flush_bytes=100)
+    written = []
+    with pytest.raises(OutputError, match="No space left on device"):
+        for k in range(100):
+            line = json.dumps({"frame": k, "pad": "x" * 30}) + "\n"
+            lines.append(line)
+            written.append(line)
+    lines.close()
+    text = path.read_text()
+    # the partly written chunk is cut back: the file is the whole lines before it
+    assert text.endswith("\n") and len(text) <= _FullDisk.room
+    assert text == "".join(written[: text.count("\n")])
+    assert [json.loads(line)["frame"] for line in text.splitlines()] == list(
+        range(text.count("\n"))
+    )
+
+
+def test_a_full_disk_mid_run_stops_it_and_every_file_stays_valid(tmp_path: Path) -> None:
+    # given a run folder on a real 128 KiB filesystem, which fills up during the replay
+    with _tmpfs(tmp_path / "disk", "size=128k") as disk:
+        proc = _cli(
+            "replay", str(SAMPLE / "rig.toml"), "--model", "drivepercept-tiny",
+            "--out", str(disk), "--name", "r", "--no-progress",
+        )  # fmt: skip
+        # then the run stops with one line naming the file and the reason, exit 1
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 1, proc.stderr
+        assert last.startswith("drivepercept replay: error: OutputError: cannot write")
+        assert "No space left on device" in last and "Traceback" not in proc.stderr
+        # and what was written before is valid, whole lines: nothing processed is corrupt
+        detections, rows = _check_valid_outputs(disk / "r")
+        assert detections > 0 and rows > 0
+
+
+def test_a_read_only_output_folder_is_bad_input_before_anything_runs(tmp_path: Path) -> None:
+    with _tmpfs(tmp_path / "ro", "size=64k", "ro") as folder:
+        proc = _cli(
+            "replay", str(SAMPLE / "rig.toml"), "--model", "drivepercept-tiny",
+            "--out", str(folder / "runs"), "--no-progress",
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"drivepercept replay: error: cannot create run folder {folder}/runs")
+    assert line.endswith(": Read-only file system"), line
+
+
+# --------------------------------------------------------------------------- cameras
+
+
+def _live_run(
+    tmp_path: Path, server: CameraServer, names: tuple[str, ...], duration_s: float, **kw: Any
+) -> Any:
+    options = RunOptions(
+        sources=tuple(f"{n}={server.url(n)}" for n in names),
+        mode=Mode.LIVE,
+        model="oracle",
+        weights=None,
+        settings={"device": "cpu", "sample_hz": 0.0},
+        out_root=tmp_path,
+        name="live",
+        duration_s=duration_s,
+        reconnect=ReconnectPolicy(
+            initial_s=0.1, max_s=0.5, max_attempts=0, open_timeout_s=2.0, read_timeout_s=1.0
+        ),
+        report_formats=(),
+        **kw,
+    )
+    # an oracle that "sees" its whole input: its box, mapped back, is the whole frame
+    detector = make_oracle(size=(160, 96), boxes=[[0.0, 0.0, 160.0, 96.0]])
+    return run(options, detector=detector)
+
+
+def _frames(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "detections.jsonl").read_text().splitlines()]
+
+
+def test_a_camera_that_stalls_without_closing_is_reconnected_and_the_other_goes_on(
+    tmp_path: Path,
+) -> None:
+    # given two served cameras; "back" sends nothing from 3 s to 6 s but keeps its connection
+    with CameraServer([(n, SAMPLE / f"{n}.mp4") for n in ("front", "back")], fps=15.0) as srv:
+        threading.Timer(3.0, srv.stall, ("back",)).start()
+        threading.Timer(6.0, srv.stall, ("back", False)).start()
+        t0 = time.monotonic_ns()
+        result = _live_run(tmp_path, srv, ("front", "back"), duration_s=11.0)
+    # then the stalled camera is noticed after the read timeout (1 s), reconnected, and
+    # streams again; the run is a success
+    live = result.record.live
+    states = [c["state"] for c in live["back"]["changes"]]
+    assert states[:4] == ["connecting", "streaming", "reconnecting", "streaming"], states
+    details = [c["detail"] for c in live["back"]["changes"]]
+    assert "the stream stopped delivering frames" in details
+    assert result.failure() is None and live["front"]["changes"][-1]["state"] == "ended"
+    # and "front" went on at its pace through the stall (15 fps: 37 frames in 2.5 s)
+    frames = _frames(result.run_dir)
+    front = [f for f in frames if f["camera"] == "front"]
+    during = [
+        f for f in front if 3.5e9 <= f["timestamps"]["capture_ns"] - t0 < 6.0e9
+    ]  # fmt: skip
+    assert len(during) >= 25, len(during)
+    back_after = [
+        f for f in frames if f["camera"] == "back" and f["timestamps"]["capture_ns"] - t0 > 6.5e9
+    ]
+    assert len(back_after) >= 15
+
+
+def _right_edges(frames: list[dict[str, Any]]) -> set[int]:
+    return {round(max(box[2] for box in f["boxes"])) for f in frames}
+
+
+def test_a_served_camera_that_changes_resolution_keeps_its_first_size(tmp_path: Path) -> None:
+    # given a 640x360 camera that switches to 320x180 after 3 s (the JPEGs on the wire change)
+    with CameraServer([("front", SAMPLE / "front.mp4")], fps=15.0) as srv:
+        threading.Timer(3.0, srv.resize, ("front", (320, 180))).start()
+        t0 = time.monotonic_ns()
+        result = _live_run(tmp_path, srv, ("front",), duration_s=6.0)
+    frames = _frames(result.run_dir)
+    before = [f for f in frames if f["timestamps"]["capture_ns"] - t0 < 2.5e9]
+    after = [f for f in frames if f["timestamps"]["capture_ns"] - t0 > 3.5e9]
+    # then OpenCV's FFmpeg reader scales every frame to the size the stream opened with: the
+    # run goes on at that size, without a reconnect, and its boxes are in those pixels
+    assert len(after) >= 25 and result.failure() is None
+    assert _right_edges(before) == _right_edges(after) == {640}
+    assert [c["state"] for c in result.record.live["front"]["changes"]] == [
+        "connecting",
+        "streaming",
+        "ended",
+    ]
+
+
+def test_a_reader_whose_frames_change_size_gets_boxes_in_each_frames_own_pixels(
+    tmp_path: Path,
+) -> None:
+    from fakereaders import FakeReader
+
+    from drivepercept.config import PipelineConfig
+    from drivepercept.pipeline import Pipeline
+    from drivepercept.sinks import AnnotatedVideoSink, DetectionsJsonlSink
+    from drivepercept.sinks.base import Sink
+    from drivepercept.sources.readers import RawFrame, SourceInfo
+
+    class Shrinking(FakeReader):
+        """640x360 frames, then 320x180 from frame 10 on (a reader that reports it)."""
+
+        def read(self) -> RawFrame | None:
+            if self.index == 10:
+                self.info = SourceInfo(320, 180, self.info.fps, self.info.frame_count)
+            return super().read()
+
+    detector = make_oracle(size=(160, 96), boxes=[[0.0, 0.0, 160.0, 96.0]])
+    sinks: list[Sink] = [
+        DetectionsJsonlSink(tmp_path / "d.jsonl"),
+        AnnotatedVideoSink(tmp_path, fps=15.0),
+    ]
+    with Pipeline(
+        cameras=[("cam", Shrinking(size=(640, 360), frames=20))],
+        detector=detector,
+        config=PipelineConfig(device="cpu", sample_hz=0.0),
+        sinks=sinks,
+        keep_original=True,
+    ) as pipeline:
+        stats = pipeline.run()
+    assert stats.frames == 20
+    frames = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    # each frame is letterboxed on its own: its box maps back to its own size
+    assert _right_edges(frames[:10]) == {640} and _right_edges(frames[10:]) == {320}
+    # and the annotated video keeps its first size, every frame in it
+    import cv2
+
+    video = cv2.VideoCapture(str(tmp_path / "cam.mp4"))
+    size = (video.get(cv2.CAP_PROP_FRAME_WIDTH), video.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    assert size == (640, 360) and video.get(cv2.CAP_PROP_FRAME_COUNT) == 20
+    video.release()
+
+
+# --------------------------------------------------------------------------- SIGKILL
+
+
+def test_sigkill_mid_run_leaves_files_that_parse_and_report_summarises(tmp_path: Path) -> None:
+    # given a replay that is killed outright (no handler runs) once it has written results
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "drivepercept", "replay", str(SAMPLE / "rig.toml"),
+            "--model", "drivepercept-tiny", "--out", str(tmp_path), "--name", "k",
+            "--no-progress",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )  # fmt: skip
+    detections = tmp_path / "k" / "detections.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if detections.exists() and detections.stat().st_size > 20_000:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the replay ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    # then every file holds whole, parseable lines
+    lines, rows = _check_valid_outputs(tmp_path / "k")
+    assert lines > 0
+    record = json.loads((tmp_path / "k" / "run.json").read_text())
+    assert record["status"] == "running"  # the truth: it never finished
+    # and `report` summarises what is there, and says the run did not finish (exit 3)
+    done = _cli("report", str(tmp_path / "k"))
+    assert done.returncode == 3, done.stderr
+    assert "Traceback" not in done.stderr
+    summary = json.loads((tmp_path / "k" / "summary.json").read_text())
+    assert summary["frames"] == rows
+    assert any("running" in p or "finish" in p for p in summary["problems"]), summary["problems"]
