@@ -1,0 +1,234 @@
+"""scripts/soak.py: its pure measurements on made-up figures (fast), and the soak itself: 6
+served cameras live at 15 fps for 10 minutes with the default model (slow; the duration is
+DRIVEPERCEPT_SOAK_S seconds when set)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "soak.py"
+SOAK_S = float(os.environ.get("DRIVEPERCEPT_SOAK_S", "600"))
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("soak_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+soak = _load_script()
+
+
+# ---------------------------------------------------------------------- pure pieces (fast)
+
+
+def test_latency_windows_take_p99_of_the_first_and_last_minute() -> None:
+    # given 10 minutes of frames at 10 fps whose latency is 100 ms, but 200 ms in minute 10
+    t_s = np.arange(0, 600, 0.1)
+    e2e = np.where(t_s >= 540, 200.0, 100.0)
+    capture_ns = (5_000_000_000 + t_s * 1e9).astype(np.int64)
+    # when the windows are measured
+    got = soak.latency_windows(capture_ns.tolist(), e2e.tolist(), window_s=60.0)
+    # then the first minute is 100 ms, the last 200 ms (its frames only), ratio 2
+    assert got.window_s == 60.0
+    assert got.first_p99_ms == pytest.approx(100.0)
+    assert got.last_p99_ms == pytest.approx(200.0)
+    assert got.first_frames == got.last_frames == 600
+    assert got.ratio == pytest.approx(2.0)
+
+
+def test_latency_windows_of_a_short_run_are_a_third_of_it_and_do_not_overlap() -> None:
+    # given 90 s of frames whose latency grows by 1 ms per second, in shuffled order
+    t_s = np.arange(0.0, 90.0, 0.5)
+    order = np.random.default_rng(1).permutation(t_s.size)
+    capture_ns = (t_s[order] * 1e9).astype(np.int64).tolist()
+    e2e = (100.0 + t_s[order]).tolist()
+    got = soak.latency_windows(capture_ns, e2e, window_s=60.0)
+    # then each window is 29.8 s (a third of the 89.5 s span) and p99 comes from its frames
+    assert got.window_s == pytest.approx(89.5 / 3)
+    assert got.first_frames == got.last_frames == 60
+    assert got.first_p99_ms == pytest.approx(np.percentile(100.0 + t_s[:60], 99))
+    assert got.last_p99_ms == pytest.approx(np.percentile(100.0 + t_s[-60:], 99))
+
+
+def test_latency_windows_reject_mismatched_or_empty_tables() -> None:
+    with pytest.raises(ValueError, match="expected as many latencies"):
+        soak.latency_windows([1, 2], [1.0], window_s=60.0)
+    with pytest.raises(ValueError, match="expected as many latencies"):
+        soak.latency_windows([], [], window_s=60.0)
+
+
+def test_a_zero_first_window_makes_a_failing_nan_ratio() -> None:
+    windows = soak.LatencyWindows(60.0, 0.0, 5.0, 10, 10)
+    assert math.isnan(windows.ratio)
+
+
+def test_rss_growth_runs_from_the_end_of_warm_up_to_the_last_sample() -> None:
+    samples = [(0.0, 500.0), (30.0, 800.0), (60.0, 900.0), (300.0, 910.0), (600.0, 930.0)]
+    got = soak.rss_growth(samples, warmup_s=60.0)
+    assert (got.after_warmup_mb, got.end_mb, got.max_mb) == (900.0, 930.0, 930.0)
+    assert got.growth_mb == pytest.approx(30.0)
+    with pytest.raises(ValueError, match="expected a sample at or after 700 s"):
+        soak.rss_growth(samples, warmup_s=700.0)
+
+
+def test_warm_up_is_a_minute_or_a_tenth_of_a_short_run() -> None:
+    assert soak.warmup_s_for(600.0) == 60.0
+    assert soak.warmup_s_for(3600.0) == 60.0
+    assert soak.warmup_s_for(90.0) == pytest.approx(9.0)
+    assert soak.warmup_s_for(90.0, 20.0) == 20.0
+
+
+def _account(**kw: int) -> Any:
+    figures = {
+        "served": 9000,
+        "read": 8999,
+        "processed": 2700,
+        "dropped": 6299,
+        "discarded": 0,
+        "connects": 1,
+        "tolerance": 3,
+    }
+    return soak.Accounting(camera="front", **{**figures, **kw})
+
+
+def test_accounting_balances_served_against_processed_dropped_and_unread() -> None:
+    # given a camera whose server wrote 9000 frames, 1 of them still on the wire at the stop
+    a = _account()
+    # then every frame is accounted for
+    assert (a.unread, a.allowed_unread, a.pipeline_balanced, a.passed) == (1, 3, True, True)
+    # and a frame the pipeline read but did not count fails it
+    assert not _account(dropped=6298).passed
+    # and more unread than the buffers hold fails it, or fewer than none (over-counting)
+    assert not _account(read=8990, dropped=6290).passed
+    assert not _account(read=9001, dropped=6301).passed
+    # and each reconnect may strand its own buffers' worth
+    assert _account(read=8993, dropped=6293, connects=3).passed
+
+
+def test_thread_check_names_new_and_vanished_threads() -> None:
+    before = ("MainThread", "serve-front", "serve-http")
+    same = soak.ThreadCheck(before, before, 20, 20, 30, 50)
+    assert same.passed and not same.leaked
+    leak = soak.ThreadCheck(before, (*before, "decode-front"), 20, 21, 30, 50)
+    assert leak.leaked == ["decode-front"] and not leak.passed
+    gone = soak.ThreadCheck(before, before[:2], 20, 19, 30, 50)
+    assert gone.gone == ["serve-http"] and not gone.passed
+    native = soak.ThreadCheck(before, before, 20, 23, 30, 50)
+    assert not native.passed
+
+
+def test_criteria_fail_on_each_measurement_alone() -> None:
+    ok_threads = soak.ThreadCheck(("MainThread",), ("MainThread",), 9, 9, 20, 40)
+    ok_rss = soak.RssGrowth(60.0, 900.0, 920.0, 925.0)
+    ok_latency = soak.LatencyWindows(60.0, 400.0, 440.0, 900, 900)
+    base = {
+        "threads": ok_threads,
+        "rss": ok_rss,
+        "latency": ok_latency,
+        "accounting": [_account()],
+        "rss_limit_mb": 50.0,
+        "latency_ratio": 1.2,
+        "run_status": "complete",
+        "threads_not_stopped": [],
+    }
+    assert all(c.passed for c in soak.criteria(**base))
+    bad = {
+        "run_status": "interrupted",
+        "threads_not_stopped": ["batcher"],
+        "threads": soak.ThreadCheck(("MainThread",), ("MainThread", "x"), 9, 10, 20, 40),
+        "rss": soak.RssGrowth(60.0, 900.0, 950.0, 950.0),
+        "latency": soak.LatencyWindows(60.0, 400.0, 481.0, 900, 900),
+        "accounting": [_account(read=8000, dropped=5300)],
+    }
+    for key, value in bad.items():
+        failed = [c.name for c in soak.criteria(**{**base, key: value}) if not c.passed]
+        assert len(failed) == (2 if key == "threads" else 1), (key, failed)
+
+
+def test_cameras_reuse_clips_under_new_names() -> None:
+    clips = [("front", Path("f.mp4")), ("back", Path("b.mp4"))]
+    got = soak.camera_pairs(clips, 5)
+    assert [n for n, _ in got] == ["front", "back", "front-2", "back-2", "front-3"]
+    assert [p.name for _, p in got] == ["f.mp4", "b.mp4", "f.mp4", "b.mp4", "f.mp4"]
+    assert soak.camera_pairs(clips, 1) == clips[:1]
+
+
+def test_backlog_in_transit_is_summed_up_per_camera() -> None:
+    samples = [
+        soak.Sample(
+            5.0 * k,
+            900.0,
+            20,
+            40,
+            (soak.CameraSample("front", 75 * k + d, 75 * k, 0, 0, "streaming"),),
+        )
+        for k, d in enumerate((0, 2, 0, 1))
+    ]
+    assert soak.in_transit(samples) == {"front": {"max": 2, "median": 0, "samples": 4}}
+
+
+def test_bad_durations_are_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        soak.main(["--duration", "10", "--out", "unused"])
+    assert exit_info.value.code == 2
+    assert "--duration >= 3 x --sample-s" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- the soak (slow)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(SOAK_S + 300)
+def test_soak_six_live_cameras_hold_steady(tmp_path: Path) -> None:
+    # given the soak script in a process of its own (its thread and memory figures are its
+    # own), 6 served cameras at 15 fps, the default model
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    # when it runs for SOAK_S seconds
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--duration", f"{SOAK_S:g}", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=SOAK_S + 240,
+        check=False,
+    )
+    print(proc.stdout)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    report = json.loads((tmp_path / "soak.json").read_text())
+    # then no thread leaked, Python or native
+    threads = report["threads"]
+    assert threads["leaked"] == [] and threads["gone"] == [], threads
+    assert threads["after_os"] == threads["before_os"], threads
+    # and RSS grew less than 50 MB after warm-up
+    assert report["rss"]["growth_mb"] < 50.0, report["rss"]
+    # and p99 latency of the last minute is within 1.2x of the first minute's
+    assert report["latency"]["ratio"] is not None and report["latency"]["ratio"] <= 1.2
+    # and every frame served is processed, dropped, or was left on the wire at the stop
+    for cam in report["accounting"]:
+        assert cam["pipeline_balanced"], cam
+        assert 0 <= cam["unread"] <= cam["allowed_unread"], cam
+    assert len(report["accounting"]) == 6
+    assert all(c["passed"] for c in report["criteria"]), report["criteria"]
+    assert proc.returncode == 0
