@@ -255,6 +255,9 @@ def test_an_output_failure_is_in_run_json_and_the_summary_line(tmp_path: Path) -
     assert result.record.sinks is not None
     assert "No space left" in result.record.sinks["BrokenSink"]["failed"]
     assert "output BrokenSink failed (set aside)" in summary_table(result)
+    why = result.failure()  # a partial run: exit 3
+    assert why is not None and why.startswith("output(s) failed and were set aside")
+    assert "BrokenSink: OSError: [Errno 28] No space left on device" in why
     # and in the report
     summary = json.loads(RunDir(result.run_dir).summary_json.read_text())
     assert "No space left" in summary["outputs_failed"]["BrokenSink"]

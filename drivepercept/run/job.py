@@ -73,6 +73,11 @@ class RunResult:
                 f"the model failed on {s.failed_batches} batch(es), {s.failed_frames} frames "
                 f"without results (the run went on), the last with {s.batch_error}"
             )
+        sinks = self.record.sinks or {}
+        failed_outputs = {name: r["failed"] for name, r in sinks.items() if r.get("failed")}
+        if failed_outputs:
+            what = "; ".join(f"{name}: {why}" for name, why in failed_outputs.items())
+            return f"output(s) failed and were set aside (detection went on): {what}"
         if self.failed_cameras:
             names = ", ".join(self.failed_cameras)
             return f"camera(s) failed for good: {names} (the others ran; see {self.run_dir})"
