@@ -334,17 +334,15 @@ class Pipeline:
 
     def _log_drain(self) -> None:
         """Say how the drain went: over, or cut at its bound with frames still inside."""
-        took = time.monotonic() - self._drain_started
         if not self.engine.completion_thread.is_alive():
-            log.info("drained the frames in flight in %.2f s", took)
+            log.info("drained in %.2f s", time.monotonic() - self._drain_started)
             return
-        read = sum(d.frames_read for d in self.decoders)
-        left = read - sum(self.frames_done()) - sum(self.queues.dropped())
+        read, dropped = sum(d.frames_read for d in self.decoders), sum(self.queues.dropped())
         log.warning(
             "the drain bound (drain_timeout_s = %g s) was reached with %d frames still queued "
             "or in flight: they are not in the outputs",
             self.config.drain_timeout_s,
-            left,
+            read - sum(self.frames_done()) - dropped,
         )
 
     def _shutdown(self) -> tuple[str, ...]:

@@ -244,7 +244,8 @@ def test_a_refused_camera_fails_while_the_others_run(tmp_path: Path, server: Cam
     assert summary["cameras"]["bad"]["live"]["state"] == "failed"
     for name in NAMES[:3]:
         assert record["live"][name]["state"] == "ended"
-        assert record["summary"]["cameras"][name]["frames"] > 20
+        # ran on (a loaded 2-core machine still gives each well over 5 frames in 6 s)
+        assert record["summary"]["cameras"][name]["frames"] > 5
 
 
 def test_every_camera_failing_fails_the_run_with_a_complete_report(tmp_path: Path) -> None:

@@ -565,6 +565,13 @@ def test_report_of_a_replay_killed_mid_way(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     rows = len(_frames_csv(run))
     assert rows > 0
+    # every file holds whole lines that parse: nothing written before the kill is corrupt
+    data = (run / "detections.jsonl").read_bytes()
+    assert data == b"" or data.endswith(b"\n")
+    assert all(json.loads(line) for line in data.decode().splitlines())
+    with (run / "load.csv").open(newline="") as fh:
+        assert len({len(row) for row in csv.reader(fh)}) <= 1
+    assert not list(run.glob("*.tmp"))
     # when the report is asked for
     out = subprocess.run(
         [sys.executable, "-m", "drivepercept", "report", str(run)],
