@@ -56,10 +56,10 @@ def test_missing_corrupt_and_foreign_weights_are_one_line_errors(
     corrupt.write_bytes(b"PK\x03\x04 definitely not a state dict" * 10)
     foreign = tmp_path / "foreign.pt"
     torch.save({"conv.weight": torch.zeros(3)}, foreign)
-    for path in (corrupt, foreign):
-        with pytest.raises(ModelError, match="cannot load") as info:
+    for path, why in ((corrupt, "damaged torch weights file"), (foreign, "do not fit")):
+        with pytest.raises(ModelError, match=why) as info:
             load_detector(tiny.NAME, weights=str(path))
-        assert "\n" not in str(info.value)
+        assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,12 @@ def read_state_dict(path: str, *, model_name: str) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise ModelError(f"weights path is not a file: {path} ({expected})")
     try:
-        loaded: object = torch.load(file, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about a plain pickle's protocol
+            warnings.simplefilter("ignore")
+            loaded: object = torch.load(file, map_location="cpu", weights_only=True)
     except OSError as exc:
         raise ModelError(f"cannot read weights file {path}: {short_reason(exc)}") from exc
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+    except Exception as exc:  # on arbitrary bytes the unpickler fails with any error
         raise ModelError(f"weights file {path} is {_why_unreadable(exc)}; {expected}") from exc
     return as_state_dict(loaded, source=path, expected=expected)
 
@@ -149,6 +152,11 @@ def apply_state_dict(
 
 def _why_unreadable(exc: BaseException) -> str:
     """What a failed `torch.load(weights_only=True)` says, in a few words."""
+    code = re.search(r"unsupported GLOBAL (\S+) whose module \S+ is blocked", str(exc))
+    if code:
+        return f"a pickle that would call {code.group(1)} (refused: weights are data, not code)"
+    if "central directory" in str(exc):  # a torch file is a zip: its index is at the end
+        return "a damaged torch weights file (cut short?)"
     found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
     if found:
         return (

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drivepercept.models import _weights
 from drivepercept.models.base import Detector, InputSpec, ModelError
 from drivepercept.types import ColorOrder, Interpolation, PadPlacement
 
@@ -150,12 +151,9 @@ def make_tiny(weights: str | None = "bundled") -> Detector:
                 f"weights for {NAME} not found at {path} (train them with "
                 "scripts/train_default_model.py, or pass --weights none)"
             )
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            module.load_state_dict(state)
-        except Exception as exc:  # corrupt file, another architecture: one clear line
-            reason = " ".join(str(exc).split())[:200]
-            raise ModelError(f"cannot load {NAME} weights from {path}: {reason}") from None
+        # the checks every model's weights get: one line naming the file and what is wrong
+        state = _weights.read_state_dict(str(path), model_name=NAME)
+        _weights.apply_state_dict(module, state, source=str(path), model_name=NAME)
     module.eval()
     return Detector(
         name=NAME,
