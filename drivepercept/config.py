@@ -3,13 +3,32 @@ policy of live cameras: frozen, validated, with the names the CLI flags and TOML
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
 from drivepercept.errors import ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+_KINDS = {
+    "float": ("a number", numbers.Real),
+    "int": ("an integer", numbers.Integral),
+    "bool": ("true or false", bool),
+    "str": ("a string", str),
+}
+
+
+def _check_types(settings: object) -> None:
+    """ConfigError naming the first field of a settings dataclass with a value of the wrong
+    type (a TOML file or a Python caller can give anything; 2 is a fine float, True is not)."""
+    assert dataclasses.is_dataclass(settings)
+    for f in dataclasses.fields(settings):
+        what, kind = _KINDS[str(f.type)]
+        value = getattr(settings, f.name)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise ConfigError(f"{f.name} must be {what}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -56,6 +75,7 @@ class PipelineConfig:
     drain_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if not (math.isfinite(self.batch_timeout_ms) and 0.0 <= self.batch_timeout_ms <= 60_000):
             raise ConfigError(
                 f"batch_timeout_ms must be between 0 and 60000, got {self.batch_timeout_ms:g}"
@@ -113,6 +133,7 @@ class ReconnectPolicy:
     read_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
+        _check_types(self)
         for name in ("initial_s", "max_s", "open_timeout_s", "read_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 < value <= 3600.0):

@@ -106,6 +106,7 @@ class RigConfig:
 SIMULATED_MODEL = "drivepercept-tiny"
 SIMULATOR = "drivepercept simulate"  # the [simulation] generator a simulated rig records
 
+_RIG_KEYS = {"model", "cameras"}
 _CAMERA_KEYS = {"name", "video", "source", "fps", "width", "height", "intrinsics", "extrinsics"}
 
 
@@ -211,6 +212,10 @@ def load_rig(path: str | Path) -> RigConfig:
     """
     path = Path(path)
     data = read_toml(path, what="rig file")
+    # other tables ([simulation]) say how a rig was made and are not read; other keys are typos
+    unknown = sorted(k for k, v in data.items() if not (k in _RIG_KEYS or isinstance(v, Mapping)))
+    if unknown:
+        raise ConfigError(f"rig file {path}: unknown keys {unknown}; expected {sorted(_RIG_KEYS)}")
     cameras = data.get("cameras")
     if not isinstance(cameras, list) or not cameras:
         raise ConfigError(f"rig file {path} has no [[cameras]] entries")

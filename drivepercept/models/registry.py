@@ -63,7 +63,8 @@ def load_detector(
     weights = _normalise_weights(weights)
     if input_size is not None and name not in yolox_weights.NAMES:
         raise ModelError(
-            f"model {name} has a fixed input size; an input size can be chosen for "
+            f"model {name} has a fixed input size, got {input_size[0]}x{input_size[1]}; an "
+            "input size can be chosen for "
             f"{', '.join(yolox_weights.NAMES)}"
         )
     return with_classes(_build(name, weights, input_size, store), classes)

@@ -23,6 +23,7 @@ import torch
 from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.engine.device import resolve_device
 from drivepercept.engine.step import DetectorStep
+from drivepercept.errors import ConfigError
 from drivepercept.models.base import Detector, InputSpec
 from drivepercept.pipeline import Pipeline
 from drivepercept.rig import CameraConfig, resolve_cameras
@@ -127,7 +128,15 @@ def bench(
     each mode's fastest round: on a shared machine the noise is in one direction, and
     interleaving exposes every mode to the same drift. `frames_per_camera` frames of each
     camera in (b) and (c), as many batches in (a). The sources, model and settings are
-    `options`' (replay mode)."""
+    `options`' (replay mode).
+
+    Raises:
+        ConfigError: fewer than one frame per camera or one round.
+    """
+    if frames_per_camera < 1 or rounds < 1:
+        raise ConfigError(
+            f"frames per camera and rounds must be >= 1, got {frames_per_camera}, {rounds}"
+        )
     cams = resolve_cameras(options.sources)
     config = options.pipeline()
     detector = detector or load_model(options)

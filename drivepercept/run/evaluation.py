@@ -65,8 +65,8 @@ def evaluate(
     """
     given = dict(settings or {})
     chosen = {"score_threshold": 0.05, **{k: v for k, v in given.items() if k in PIPELINE_KEYS}}
-    if chosen.setdefault("drop_policy", "block") != "block":
-        raise ConfigError("eval scores every frame: drop_policy must be 'block'")
+    if (policy := chosen.setdefault("drop_policy", "block")) != "block":
+        raise ConfigError(f"eval scores every frame: drop_policy must be 'block', got {policy!r}")
     truth = read_ground_truth(clip, annotations=ground_truth)
     options = RunOptions(
         sources=truth.sources,  # a clip's rig file (its model the default), or image folders

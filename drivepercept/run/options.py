@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from drivepercept.types import CLASS_CHOICES
 # The real-road default: a pretrained COCO detector (its official weights are downloaded once).
 # A synthetic rig's rig.toml names the model trained on it instead (drivepercept-tiny).
 DEFAULT_MODEL = "yolox-nano"
-PIPELINE_KEYS = frozenset(f.name for f in dataclasses.fields(PipelineConfig))
+_PIPELINE_FIELDS = dataclasses.fields(PipelineConfig)
+PIPELINE_KEYS = frozenset(f.name for f in _PIPELINE_FIELDS)
 # the other keys of a settings file (and of the CLI flags that mean the same)
 RUN_KEYS = frozenset(
     {"model", "weights", "classes", "input_size", "out", "name", "save_video", "mosaic"}
@@ -40,6 +42,34 @@ def environment_settings(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 FILE_KEYS = PIPELINE_KEYS | RUN_KEYS | {"report", "sources"}
+# What each settings key takes. Flags are typed by argparse; a TOML file or a Python caller
+# can give anything, and a wrong type must fail here, by name, not deep in a stage.
+_Kind = tuple[str, "type | tuple[type, ...]"]
+_TYPES: dict[str, _Kind] = {
+    "float": ("a number", numbers.Real),
+    "int": ("an integer", numbers.Integral),
+    "str": ("a string", str),
+    "bool": ("true or false", bool),
+}
+_KINDS: dict[str, _Kind] = {
+    **{f.name: _TYPES[getattr(f.type, "__name__", str(f.type))] for f in _PIPELINE_FIELDS},
+    **dict.fromkeys(RUN_KEYS, _TYPES["str"]),
+    **dict.fromkeys(("save_video", "mosaic"), _TYPES["bool"]),
+    "budget_ms": _TYPES["float"],
+    "input_size": ("WIDTHxHEIGHT or [width, height]", (str, list)),
+    "report": ("a string or a list of strings", (str, list)),
+    "sources": ("a list of strings", list),
+}
+
+
+def check_types(settings: Mapping[str, Any], *, where: str) -> None:
+    """ConfigError naming the first key of `settings` whose value has the wrong type."""
+    for key, value in settings.items():
+        what, kind = _KINDS.get(key, ("", object))
+        items = value if isinstance(value, list) and key in ("report", "sources") else []
+        bad_bool = isinstance(value, bool) and kind is not bool
+        if not isinstance(value, kind) or bad_bool or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"{where}{key} must be {what}, got {value!r}")
 
 
 def read_settings_file(path: str | Path) -> dict[str, Any]:
@@ -47,13 +77,18 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     pipeline settings, `sources` and the run keys (model, weights, out, name, ...).
 
     Raises:
-        ConfigError: the file is missing or not TOML, or has keys no run knows.
+        ConfigError: the file is missing or not TOML, has keys no run knows, or a value of
+            the wrong type.
     """
     data = read_toml(Path(path), what="config file")
-    raw = dict(data.get("replay", data))
+    table = data.get("replay", data)
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"config file {path}: [replay] must be a table, got {table!r}")
+    raw = dict(table)
     unknown = sorted(set(raw) - FILE_KEYS)
     if unknown:
         raise ConfigError(f"config file {path}: unknown keys {unknown}")
+    check_types(raw, where=f"config file {path}: ")
     return raw
 
 
@@ -184,6 +219,9 @@ class RunOptions:
         unknown = sorted(set(self.settings) - PIPELINE_KEYS)
         if unknown:
             raise ConfigError(f"unknown pipeline settings {unknown}")
+        check_types(self.settings, where="setting ")
+        if self.weights is not None and not isinstance(self.weights, str):
+            raise ConfigError(f"weights must be 'none', 'DEFAULT' or a path, got {self.weights!r}")
         if self.duration_s is not None and not (
             math.isfinite(self.duration_s) and self.duration_s > 0
         ):
