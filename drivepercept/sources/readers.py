@@ -19,6 +19,7 @@ import cv2
 import numpy as np
 
 from drivepercept.errors import DrivePerceptError
+from drivepercept.geometry import MAX_SIZE_PX
 from drivepercept.rig import is_stream
 from drivepercept.types import CameraState, ImageU8, ReaderStatus, StateChange
 
@@ -32,6 +33,15 @@ DEFAULT_FOLDER_FPS = 10.0
 
 class SourceError(DrivePerceptError):
     """A camera source cannot be opened or read."""
+
+
+def _too_large(source: str | Path, width: int, height: int) -> str:
+    # every frame would be decoded, kept and resized at this size: refused, as a rig file
+    # declaring it would be (drivepercept.geometry.check_size)
+    return (
+        f"{source} is {width}x{height} pixels, larger than the {MAX_SIZE_PX}x{MAX_SIZE_PX} "
+        "a camera frame may be"
+    )
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,9 @@ class VideoReader:
         if width <= 0 or height <= 0:
             self._cap.release()
             raise SourceError(f"cannot read frame size of {self.path}: not a video?")
+        if max(width, height) > MAX_SIZE_PX:  # said by the header: nothing decoded yet
+            self._cap.release()
+            raise SourceError(_too_large(self.path, width, height))
         self.info = SourceInfo(
             width,
             height,
@@ -150,6 +163,8 @@ class ImageFolderReader:
         first = cv2.imread(str(self._files[0]), cv2.IMREAD_COLOR)
         if first is None:
             raise SourceError(f"cannot decode image {self._files[0]}")
+        if max(first.shape[:2]) > MAX_SIZE_PX:
+            raise SourceError(_too_large(self._files[0], first.shape[1], first.shape[0]))
         self.info = SourceInfo(
             first.shape[1], first.shape[0], fps or DEFAULT_FOLDER_FPS, len(self._files)
         )
