@@ -8,12 +8,14 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from drivepercept.pipeline import Pipeline
 from drivepercept.report import ReportResult
-from drivepercept.run.job import RunResult
 from drivepercept.types import CameraSnapshot, LoadSample
+
+if TYPE_CHECKING:  # torch: `drivepercept report` prints report lines without loading it
+    from drivepercept.pipeline import Pipeline
+    from drivepercept.run.job import RunResult
 
 log = logging.getLogger("drivepercept")
 
