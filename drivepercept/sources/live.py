@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -115,8 +116,9 @@ class LiveSource:
         opener: makes one connection attempt (tests pass a stand-in).
 
     Raises:
-        SourceError: a file source that cannot be opened (a live source connects on its
-            thread, and a failure there is a state, not an exception).
+        SourceError: a file source that cannot be opened, or a /dev path that does not exist
+            (a live source connects on its thread, and a failure there is a state, not an
+            exception).
     """
 
     def __init__(
@@ -149,6 +151,9 @@ class LiveSource:
         # running totals, so the kept change list can be bounded (MAX_CHANGES)
         self._totals = Totals()
         self._streamed = False
+        if source.startswith("/dev/") and not Path(source).exists():
+            # a device node that is not there is a typo or an unplugged camera: say so now
+            raise SourceError(f"camera {camera}: no such camera device {source}")
         self._set(CameraState.CONNECTING, source)
         if not self.live:  # a file: a bad path is the user's error, now, on this thread
             self._attach(opener(source, policy))
