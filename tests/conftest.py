@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from drivepercept.cli import main
 
 REAL_VIDEOS = Path(__file__).resolve().parents[2] / "shared" / "realvideos"
 
@@ -38,3 +42,29 @@ def real_labeled() -> Path:
     if not path.is_dir():
         pytest.skip(f"real labelled images not found at {path}")
     return path
+
+
+@pytest.fixture
+def in_process(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[[list[str]], tuple[int, str]]:
+    """`drivepercept ARGV` in this process: (exit code, stderr). Logging is set up by `main`
+    as on the command line (a handler on stderr), and taken down again afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    for name in ("OPENCV_LOG_LEVEL", "OPENCV_FFMPEG_LOGLEVEL"):  # main sets them
+        monkeypatch.delenv(name, raising=False)
+
+    def call(argv: list[str]) -> tuple[int, str]:
+        capsys.readouterr()
+        root.handlers[:] = []  # so that main's logging.basicConfig takes effect
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's usage errors
+            code = int(exc.code or 0)
+        finally:
+            root.handlers[:] = handlers
+            root.setLevel(level)
+        return code, capsys.readouterr().err
+
+    return call

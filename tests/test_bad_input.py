@@ -12,7 +12,6 @@ also holds whatever OpenCV, FFmpeg and torch print themselves.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import pickle
 import shlex
@@ -32,7 +31,6 @@ import pytest
 import torch
 from torchvision.models.detection import ssdlite320_mobilenet_v3_large
 
-from drivepercept.cli import main
 from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError, DrivePerceptError, ModelError
 from drivepercept.models import load_detector
@@ -362,32 +360,6 @@ CLI_CASES = [
     case("simulate-out-is-a-file", "simulate --out {d}/tiny.avi --seconds 0.2", 2, "cannot create output folder", "{d}/tiny.avi"),
 ]
 # fmt: on
-
-
-@pytest.fixture
-def in_process(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> Callable[[list[str]], tuple[int, str]]:
-    """`drivepercept ARGV` in this process: (exit code, stderr). Logging is set up by `main`
-    as on the command line (a handler on stderr), and taken down again afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    for name in ("OPENCV_LOG_LEVEL", "OPENCV_FFMPEG_LOGLEVEL"):  # main sets them
-        monkeypatch.delenv(name, raising=False)
-
-    def call(argv: list[str]) -> tuple[int, str]:
-        capsys.readouterr()
-        root.handlers[:] = []  # so that main's logging.basicConfig takes effect
-        try:
-            code = main(argv)
-        except SystemExit as exc:  # argparse's usage errors
-            code = int(exc.code or 0)
-        finally:
-            root.handlers[:] = handlers
-            root.setLevel(level)
-        return code, capsys.readouterr().err
-
-    return call
 
 
 @pytest.fixture(autouse=True)

@@ -48,6 +48,7 @@ def test_step_limits_with_their_kill_grace_add_up_to_at_most_480_s() -> None:
     assert 'timeout -k "$KILL_AFTER" "$limit"' in text
 
 
+@pytest.mark.slow  # 70-95 s: the whole script on the CPU; the step limits are checked above
 @pytest.mark.integration
 def test_dry_run_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path / "out")}

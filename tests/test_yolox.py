@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
-import subprocess
-import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cv2
@@ -390,47 +388,32 @@ def test_cars_found_on_every_highway_still(tmp_path: Path, real_labeled: Path) -
         assert "car" in f["class_names"], f["frame_index"]
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "drivepercept", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-    )
-
-
-@pytest.mark.integration
 def test_bad_weights_on_the_command_line_are_one_line(
-    tmp_path: Path, real_videos: Path, yolox_nano_onnx: Path
+    tmp_path: Path,
+    real_videos: Path,
+    yolox_nano_onnx: Path,
+    in_process: Callable[[list[str]], tuple[int, str]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import os
-
     video = str(real_videos / "udacity_lanelines_solidWhiteRight.mp4")
     truncated = tmp_path / "cut.onnx"
     truncated.write_bytes(yolox_nano_onnx.read_bytes()[:50_000])
     tiny_pth = tmp_path / "yolox_tiny.pth"
     torch.save({"model": YOLOX(SIZES["tiny"]).state_dict()}, tiny_pth)
     other = yolox_nano_onnx.parents[1] / "deimv2" / "deimv2_hgnetv2_atto_coco.onnx"
-    env = {
-        **os.environ,
-        "TORCH_HOME": str(tmp_path / "hub"),
-        yw.WEIGHTS_DIR_ENV: "",
-        yw.MIRROR_ENV: "http://127.0.0.1:9/",  # refuses at once: never a download
-    }
+    replay = ["replay", video, "--max-frames", "1", "--out", str(tmp_path), "--no-progress"]
     cases = [str(truncated), str(tiny_pth), *([str(other)] if other.is_file() else [])]
     for weights in cases:
-        done = _cli(
-            "replay", video, "--max-frames", "1", "--out", str(tmp_path), "--weights", weights
-        )
-        assert done.returncode == 2, done.stderr
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+        code, err = in_process([*replay, "--weights", weights])
+        assert code == 2, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     # DEFAULT where the file cannot be fetched (the real-road default model)
-    done = _cli("replay", video, "--max-frames", "1", "--out", str(tmp_path), env=env)
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "yolox_nano.pth" in done.stderr and "--weights PATH" in done.stderr
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
+    monkeypatch.setenv(yw.WEIGHTS_DIR_ENV, "")
+    monkeypatch.setenv(yw.MIRROR_ENV, "http://127.0.0.1:9/")  # refuses at once: no download
+    code, err = in_process(replay)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "yolox_nano.pth" in err and "--weights PATH" in err
 
 
 # --------------------------------------------------------------------------- precision, devices
