@@ -66,15 +66,17 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_no_module_is_over_450_lines_and_the_cli_is_under_500() -> None:
+def test_no_module_is_over_450_lines_and_the_cli_is_under_600() -> None:
     sizes = {
         str(p.relative_to(PACKAGE)): len(p.read_text().splitlines())
         for p in _modules()
         if "sim" not in p.relative_to(PACKAGE).parts
     }
     assert {m: n for m, n in sizes.items() if n > 450} == {}
+    # the front door stays thin: flags, a call, printing (600: room for the speed options and
+    # bench modes of issue 14, whose flags alone are ~20 lines, at 498 before them)
     cli = sum(n for m, n in sizes.items() if m.startswith("cli"))
-    assert cli < 500, cli
+    assert cli < 600, cli
 
 
 @pytest.mark.parametrize("layer", sorted({**ALLOWED, **ABOVE}))
