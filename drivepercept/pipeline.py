@@ -121,6 +121,7 @@ class Pipeline:
                 max_frames=config.max_frames,
                 keep_original=keep_original,
                 on_error=self._fail,
+                defer=policy is DropPolicy.DROP_OLDEST,  # live: most frames are dropped
             )
             for i, (name, reader) in enumerate(cameras)
         ]
@@ -257,6 +258,8 @@ class Pipeline:
                     short_by=d.short_by,
                     discarded=max(0, d.frames_read - figures[i].frames - dropped[i]),
                     reader=reader,
+                    decoded=d.counts.decoded,
+                    prepared=d.counts.prepared,
                 )
             )
         return tuple(out)
@@ -392,19 +395,6 @@ class Pipeline:
         else:
             self._close_sinks()
 
-    def expected_frames(self) -> int:
-        """Frames the run will process if every source holds what its container says (-1 if
-        a source's length is unknown, e.g. a stream)."""
-        total = 0
-        for d in self.decoders:
-            count = d.reader.info.frame_count
-            if d.max_frames:
-                count = min(count, d.max_frames) if count > 0 else d.max_frames
-            if count < 0:
-                return -1
-            total += count
-        return total
-
     def stats(
         self,
         *,
@@ -427,6 +417,9 @@ class Pipeline:
                 latency_ms=fig.latency_ms,
                 short_by=snap.short_by,
                 discarded=snap.discarded,
+                read=snap.read,
+                decoded=snap.decoded,
+                prepared=snap.prepared,
             )
             for snap, fig in zip(snapshots, figures, strict=True)
         )

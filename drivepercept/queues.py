@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import TypeVar
 
-from drivepercept.types import DropPolicy, Frame
+from drivepercept.types import DropPolicy, QueuedFrame
 
 T = TypeVar("T")
 _POLL_S = 0.1
@@ -45,7 +45,7 @@ class CameraQueues:
         self.cameras = tuple(cameras)
         self.capacity = capacity
         self.policy = policy
-        self._queues: list[collections.deque[tuple[Frame, int]]] = [
+        self._queues: list[collections.deque[tuple[QueuedFrame, int]]] = [
             collections.deque() for _ in self.cameras
         ]
         self._ended = [False] * len(self.cameras)
@@ -53,7 +53,7 @@ class CameraQueues:
         self._high_water = [0] * len(self.cameras)
         self.cond = threading.Condition()
 
-    def put(self, camera: int, frame: Frame, *, stop: threading.Event) -> bool:
+    def put(self, camera: int, frame: QueuedFrame, *, stop: threading.Event) -> bool:
         """Queue a frame; returns False if `stop` was set while waiting for room (BLOCK).
 
         DROP_OLDEST never waits: when the queue is full its oldest frame is dropped.
@@ -92,7 +92,7 @@ class CameraQueues:
         q = self._queues[camera]
         return q[0][1] if q else None
 
-    def take(self, camera: int) -> tuple[Frame, int]:
+    def take(self, camera: int) -> tuple[QueuedFrame, int]:
         """Next frame of a camera and the time it was queued.
 
         BLOCK takes the oldest waiting frame (replay processes every frame in order).

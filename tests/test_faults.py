@@ -1,6 +1,6 @@
 """Faults injected into real runs, each with the behaviour the README's "What happens when"
 table promises: a full disk, a read-only output folder, a camera that stalls without closing,
-and a camera that changes resolution mid-stream.
+and a camera that changes resolution mid-stream (MJPEG, read frame by frame).
 
 (A decoder or a model raising, and slow or failing outputs, are in test_pipeline.py and
 test_run.py, against fakes that raise on cue; SIGKILL in test_report.py.)"""
@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cv2
 import pytest
 
 from drivepercept.config import ReconnectPolicy
@@ -214,24 +215,33 @@ def _right_edges(frames: list[dict[str, Any]]) -> set[int]:
     return {round(max(box[2] for box in f["boxes"])) for f in frames}
 
 
-def test_a_served_camera_that_changes_resolution_keeps_its_first_size(tmp_path: Path) -> None:
-    # given a 640x360 camera that switches to 320x180 after 3 s (the JPEGs on the wire change)
+def test_a_served_camera_that_changes_resolution_gets_boxes_in_each_frames_pixels(
+    tmp_path: Path,
+) -> None:
+    # given a 640x360 MJPEG camera that switches to 320x180 after 3 s (the JPEGs on the wire
+    # change), with annotated video
     with CameraServer([("front", SAMPLE / "front.mp4")], fps=15.0) as srv:
         threading.Timer(3.0, srv.resize, ("front", (320, 180))).start()
         t0 = time.monotonic_ns()
-        result = _live_run(tmp_path, srv, ("front",), duration_s=6.0)
+        result = _live_run(tmp_path, srv, ("front",), duration_s=6.0, save_video=True)
     frames = _frames(result.run_dir)
     before = [f for f in frames if f["timestamps"]["capture_ns"] - t0 < 2.5e9]
     after = [f for f in frames if f["timestamps"]["capture_ns"] - t0 > 3.5e9]
-    # then OpenCV's FFmpeg reader scales every frame to the size the stream opened with: the
-    # run goes on at that size, without a reconnect, and its boxes are in those pixels
+    # then the run goes on without a reconnect, each frame letterboxed on its own: its box
+    # (the whole frame) is in its own pixels
     assert len(after) >= 25 and result.failure() is None
-    assert _right_edges(before) == _right_edges(after) == {640}
+    assert _right_edges(before) == {640} and _right_edges(after) == {320}
     assert [c["state"] for c in result.record.live["front"]["changes"]] == [
         "connecting",
         "streaming",
         "ended",
     ]
+    # and the annotated video keeps its first size (later frames resized), every frame in it
+    video = cv2.VideoCapture(str(result.run_dir / "video" / "front.mp4"))
+    size = (video.get(cv2.CAP_PROP_FRAME_WIDTH), video.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    assert size == (640, 360)
+    assert video.get(cv2.CAP_PROP_FRAME_COUNT) >= len(before) + len(after)
+    video.release()
 
 
 def test_a_reader_whose_frames_change_size_gets_boxes_in_each_frames_own_pixels(
@@ -271,8 +281,6 @@ def test_a_reader_whose_frames_change_size_gets_boxes_in_each_frames_own_pixels(
     # each frame is letterboxed on its own: its box maps back to its own size
     assert _right_edges(frames[:10]) == {640} and _right_edges(frames[10:]) == {320}
     # and the annotated video keeps its first size, every frame in it
-    import cv2
-
     video = cv2.VideoCapture(str(tmp_path / "cam.mp4"))
     size = (video.get(cv2.CAP_PROP_FRAME_WIDTH), video.get(cv2.CAP_PROP_FRAME_HEIGHT))
     assert size == (640, 360) and video.get(cv2.CAP_PROP_FRAME_COUNT) == 20

@@ -64,7 +64,7 @@ class Progress:
         if not self.enabled:
             return
         if self.total is None:
-            self.total = pipeline.expected_frames()
+            self.total = expected_frames(pipeline)
         done = sum(pipeline.frames_done())
         elapsed = max(now - self.started, 1e-9)
         if self.total and self.total > 0:
@@ -123,3 +123,17 @@ def report_lines(report: ReportResult) -> list[str]:
     if reason:
         lines.append(f"GPU metrics unavailable: {reason}")
     return lines
+
+
+def expected_frames(pipeline: Pipeline) -> int:
+    """Frames the run will process if every source holds what its container says (-1 if
+    a source's length is unknown, e.g. a stream)."""
+    total = 0
+    for d in pipeline.decoders:
+        count = d.reader.info.frame_count
+        if d.max_frames:
+            count = min(count, d.max_frames) if count > 0 else d.max_frames
+        if count < 0:
+            return -1
+        total += count
+    return total

@@ -11,7 +11,9 @@ Sections (each a JSON object; `drivepercept.rundir.RunRecord` fixes the top leve
 - summary: frames, elapsed_s, throughput_fps, batches, partial_batches, mean_batch_size,
   interrupted, threads_not_stopped, warmup [{batch_size, ms}], in_flight_high_water,
   failed_batches, failed_frames, batch_error (batches the model raised on) and per
-  camera frames, dropped, fps, frames_missing_from_source, discarded_at_stop, end_to_end_ms
+  camera frames, dropped, fps, frames_missing_from_source, discarded_at_stop, frames_read,
+  frames_decoded, frames_prepared (live decodes and prepares only the frames it uses, where
+  the source allows), end_to_end_ms
   {p50, p95, p99, max};
 - live (live and real-time runs): per camera source, state, connects, failed_attempts,
   last_error,
@@ -92,6 +94,9 @@ def stats_summary(stats: RunStats) -> dict[str, Any]:
                 "fps": round(c.fps, 3),
                 "frames_missing_from_source": c.short_by,
                 "discarded_at_stop": c.discarded,
+                "frames_read": c.read,
+                "frames_decoded": c.decoded,
+                "frames_prepared": c.prepared,
                 "end_to_end_ms": _ms(c.latency_ms),
             }
             for c in stats.cameras

@@ -5,6 +5,12 @@ reader knows: when a file's read began, when a live frame arrived), stamps it wi
 and presentation time, letterboxes it for the model on the CPU while the device works on
 earlier batches, and puts it into its camera's bounded queue under the queue's drop policy.
 A read or preparation that raises fails this camera alone: it ends, and the others go on.
+
+Live (`defer=True`, the drop_oldest policy) most frames are dropped for newer ones, so the
+decoder thread only reads: it queues a `DeferredFrame`, which is decoded (if its reader
+handed it over encoded, as `MjpegReader` does) and prepared straight into its staging row
+only when the batcher takes it. `FrameCounts` says, per camera, how many frames were read,
+decoded, prepared and (the pipeline's count) used.
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from drivepercept.errors import one_line, redact
-from drivepercept.sources.prepare import prepare
-from drivepercept.sources.readers import FrameReader
-from drivepercept.types import Frame, FrameMeta, InputSpec
+from drivepercept.sources.prepare import prepare, prepare_into
+from drivepercept.sources.readers import FrameReader, RawFrame
+from drivepercept.types import Frame, FrameMeta, ImageU8, InputSpec, QueuedFrame
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +41,71 @@ def header_slack(announced: int) -> int:
     return max(2, math.ceil(announced / 100))
 
 
+class FrameCounts:
+    """Frames read, decoded and prepared by one camera (thread-safe: the decoder thread
+    counts reads, the batcher's prepare threads count deferred work)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.read = self.decoded = self.prepared = 0
+
+    def add(self, *, read: int = 0, decoded: int = 0, prepared: int = 0) -> None:
+        with self._lock:
+            self.read += read
+            self.decoded += decoded
+            self.prepared += prepared
+
+    def get(self) -> tuple[int, int, int]:
+        """(read, decoded, prepared)."""
+        with self._lock:
+            return self.read, self.decoded, self.prepared
+
+
+@dataclass(frozen=True, eq=False)
+class DeferredFrame:
+    """A frame read but not prepared (see the module docstring); `into` does the work."""
+
+    raw: RawFrame = field(repr=False)
+    spec: InputSpec = field(repr=False)
+    camera: str
+    camera_index: int
+    frame_index: int
+    capture_ns: int
+    read_ns: int  # when the read returned (a reader that decodes: decoded by then)
+    keep_original: bool
+    counts: FrameCounts = field(repr=False)
+    deferred = True
+
+    def into(self, row: ImageU8) -> FrameMeta:
+        """Decode (if still encoded) and prepare into `row`; the frame's meta. Its decode
+        and preparation happen after it was queued, so its `decoded` and `preprocessed`
+        stamps are its read time, and the work shows in its batch wait.
+
+        Raises:
+            SourceError: the frame does not decode (a corrupt JPEG).
+        """
+        decoded_before = self.raw.decoded
+        image = self.raw.image_bgr
+        box = prepare_into(image, self.spec, row)
+        self.counts.add(decoded=0 if decoded_before else 1, prepared=1)
+        return FrameMeta(
+            camera=self.camera,
+            camera_index=self.camera_index,
+            frame_index=self.frame_index,
+            pts_s=self.raw.pts_s,
+            capture_ns=self.capture_ns,
+            decoded_ns=self.read_ns,
+            preprocessed_ns=self.read_ns,
+            letterbox=box,
+            original_bgr=image if self.keep_original else None,
+        )
+
+
 class FrameQueues(Protocol):
     """Where decoded frames go: the pipeline's per-camera queues (`queues.CameraQueues`),
     which apply the drop policy; sources do not know them otherwise."""
 
-    def put(self, camera: int, frame: Frame, *, stop: threading.Event) -> bool: ...
+    def put(self, camera: int, frame: QueuedFrame, *, stop: threading.Event) -> bool: ...
 
     def end(self, camera: int) -> None: ...
 
@@ -59,6 +126,7 @@ class DecoderThread:
         max_frames: int = 0,
         keep_original: bool = False,
         on_error: Callable[[BaseException], None] | None = None,
+        defer: bool = False,
     ) -> None:
         self.camera = camera
         self.camera_index = camera_index
@@ -69,6 +137,8 @@ class DecoderThread:
         self.max_frames = max_frames
         self.keep_original = keep_original
         self.on_error = on_error
+        self.defer = defer
+        self.counts = FrameCounts()
         self.frames_read = 0
         self.short_by = 0  # frames announced by the container but not decodable
         self.error: BaseException | None = None  # what ended it, if it failed
@@ -76,6 +146,39 @@ class DecoderThread:
 
     def start(self) -> None:
         self.thread.start()
+
+    def _prepared(self, got: RawFrame) -> Frame:
+        image_bgr = got.image_bgr  # decoded now if the reader handed it over encoded
+        decoded_ns = time.monotonic_ns()
+        image, box = prepare(image_bgr, self.spec)
+        self.counts.add(read=1, decoded=1, prepared=1)
+        meta = FrameMeta(
+            camera=self.camera,
+            camera_index=self.camera_index,
+            frame_index=self.frames_read,
+            pts_s=got.pts_s,
+            capture_ns=min(got.arrived_ns, decoded_ns),
+            decoded_ns=decoded_ns,
+            preprocessed_ns=time.monotonic_ns(),
+            letterbox=box,
+            original_bgr=image_bgr if self.keep_original else None,
+        )
+        return Frame(meta, image)
+
+    def _deferred(self, got: RawFrame) -> DeferredFrame:
+        read_ns = time.monotonic_ns()
+        self.counts.add(read=1, decoded=1 if got.decoded else 0)
+        return DeferredFrame(
+            raw=got,
+            spec=self.spec,
+            camera=self.camera,
+            camera_index=self.camera_index,
+            frame_index=self.frames_read,
+            capture_ns=min(got.arrived_ns, read_ns),
+            read_ns=read_ns,
+            keep_original=self.keep_original,
+            counts=self.counts,
+        )
 
     def _run(self) -> None:
         try:
@@ -97,20 +200,7 @@ class DecoderThread:
                             expected,
                         )
                     break
-                decoded_ns = time.monotonic_ns()
-                image, box = prepare(got.image_bgr, self.spec)
-                meta = FrameMeta(
-                    camera=self.camera,
-                    camera_index=self.camera_index,
-                    frame_index=self.frames_read,
-                    pts_s=got.pts_s,
-                    capture_ns=min(got.arrived_ns, decoded_ns),
-                    decoded_ns=decoded_ns,
-                    preprocessed_ns=time.monotonic_ns(),
-                    letterbox=box,
-                    original_bgr=got.image_bgr if self.keep_original else None,
-                )
-                frame = Frame(meta, image)
+                frame = self._deferred(got) if self.defer else self._prepared(got)
                 if not self.queues.put(self.camera_index, frame, stop=self.stop):
                     break
                 self.frames_read += 1

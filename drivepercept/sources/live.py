@@ -31,6 +31,7 @@ import numpy as np
 from drivepercept.config import ReconnectPolicy
 from drivepercept.errors import redact
 from drivepercept.rig import is_device, is_stream
+from drivepercept.sources.mjpeg import MjpegReader, NotMjpegError
 from drivepercept.sources.probe import why_not_open
 from drivepercept.sources.readers import (
     FrameReader,
@@ -97,7 +98,17 @@ class CaptureReader:
 
 
 def open_live_reader(source: str, policy: ReconnectPolicy) -> FrameReader:
-    """One connection attempt. Raises SourceError when it fails."""
+    """One connection attempt. Raises SourceError when it fails.
+
+    An http(s) URL is first read as MJPEG by `MjpegReader` (frames handed over undecoded, so
+    that only the ones used are decoded); a URL that answers with anything else, and every
+    other stream or device, is read by OpenCV.
+    """
+    if source.lower().startswith(("http://", "https://")):
+        try:
+            return MjpegReader(source, policy=policy)
+        except NotMjpegError:
+            pass
     if is_stream(source) or is_device(source):
         return CaptureReader(source, policy=policy)
     return open_reader(source)

@@ -62,27 +62,30 @@ def _filter(spec: InputSpec, shrinking: bool) -> int:
 def prepare(image_bgr: ImageU8, spec: InputSpec) -> tuple[ImageU8, Letterbox]:
     """A BGR frame -> the model's uint8 input (H, W, 3) in its channel order, and where the
     frame sits in it."""
+    dw, dh = spec.size
+    out = np.empty((dh, dw, 3), np.uint8)
+    return out, prepare_into(image_bgr, spec, out)
+
+
+def prepare_into(image_bgr: ImageU8, spec: InputSpec, out: ImageU8) -> Letterbox:
+    """`prepare`, written straight into `out` (a staging-ring row, (H, W, 3) uint8 at the
+    model's input size): the resize lands in its place, the padding is filled around it and
+    the channels are swapped in place, so the frame is written once."""
     h, w = image_bgr.shape[:2]
     box = plan_letterbox((w, h), spec)
     dw, dh = spec.size
+    if out.shape != (dh, dw, 3) or out.dtype != np.uint8:
+        raise ValueError(f"expected a uint8 ({dh}, {dw}, 3) row, got {out.dtype} {out.shape}")
     nw, nh = round(w * box.scale_x), round(h * box.scale_y)
-    resized: ImageU8 = image_bgr
+    left, top = int(box.pad_x), int(box.pad_y)
+    if (nw, nh) != (dw, dh):
+        out[...] = np.asarray(spec.pad_color, np.uint8)  # the pads (all of it, then the frame)
+    view = out[top : top + nh, left : left + nw]
     if (nw, nh) != (w, h):
         shrinking = nw * nh < w * h
-        resized = np.asarray(
-            cv2.resize(image_bgr, (nw, nh), interpolation=_filter(spec, shrinking)), np.uint8
-        )
-    rgb = spec.channels is ColorOrder.RGB
-    out = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB) if rgb else resized
-    if (nw, nh) != (dw, dh):
-        left, top = int(box.pad_x), int(box.pad_y)
-        out = cv2.copyMakeBorder(
-            out,
-            top,
-            dh - nh - top,
-            left,
-            dw - nw - left,
-            cv2.BORDER_CONSTANT,
-            value=spec.pad_color,
-        )
-    return np.ascontiguousarray(out), box
+        cv2.resize(image_bgr, (nw, nh), dst=view, interpolation=_filter(spec, shrinking))
+    else:
+        np.copyto(view, image_bgr)
+    if spec.channels is ColorOrder.RGB:
+        cv2.cvtColor(view, cv2.COLOR_BGR2RGB, dst=view)
+    return box

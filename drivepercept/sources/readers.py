@@ -58,11 +58,37 @@ class SourceInfo:
 class RawFrame:
     """A frame as read: BGR pixels, presentation time, and its capture time on the monotonic
     clock (a file: when its read began; a live camera: when it arrived; a paced file: when it
-    fell due)."""
+    fell due).
 
-    image_bgr: ImageU8 = field(repr=False)
+    A reader of an intra-only stream (MJPEG) may hand over the frame still encoded (`jpeg`,
+    `image` None): it is decoded on first use of `image_bgr`, on whichever thread wants it,
+    so that a live frame that is dropped for a newer one is never decoded at all.
+    """
+
+    image: ImageU8 | None = field(repr=False)
     pts_s: float
     arrived_ns: int
+    jpeg: bytes | None = field(default=None, repr=False)
+
+    @property
+    def decoded(self) -> bool:
+        return self.image is not None
+
+    @property
+    def image_bgr(self) -> ImageU8:
+        """The BGR pixels, decoded now if the frame came encoded.
+
+        Raises:
+            SourceError: the encoded frame is not a decodable JPEG.
+        """
+        if self.image is None:
+            raw = np.frombuffer(self.jpeg or b"", np.uint8)
+            image = cv2.imdecode(raw, cv2.IMREAD_COLOR) if raw.size else None
+            if image is None:
+                raise SourceError(f"a corrupt JPEG frame ({raw.size} bytes)")
+            object.__setattr__(self, "image", np.asarray(image, np.uint8))
+        assert self.image is not None
+        return self.image
 
 
 class FrameReader(Protocol):

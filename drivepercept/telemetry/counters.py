@@ -32,6 +32,9 @@ class CameraStats:
     latency_ms: dict[str, float]  # p50 / p95 / p99 (within 1 %) / max end-to-end
     short_by: int = 0  # frames its container announced that could not be decoded
     discarded: int = 0  # read, neither emitted nor dropped: still in flight at a hard stop
+    read: int = 0  # frames read from the source; of them, decoded and prepared for the model
+    decoded: int = 0
+    prepared: int = 0
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ STAGE_SPANS: tuple[Span, ...] = (
     Span("decode", "capture", "decoded", "read and decode the frame"),
     Span("preprocess", "decoded", "preprocessed", "resize / letterbox to the model input"),
     Span("enqueue", "preprocessed", "queued", "blocked on the camera's full queue"),
-    Span("batch_wait", "queued", "batched", "in the queue until the batcher took it"),
+    # live: a frame is decoded and prepared only when the batcher takes it, so that work is
+    # in this span, and its decode and preprocess spans are its read and 0
+    Span("batch_wait", "queued", "batched", "in the queue until batched (live: + prepare)"),
     Span("engine_wait", "batched", "copy_start", "batch waiting for the engine"),
     Span("upload", "copy_start", "copy_done", "host to device copy"),
     Span("compute_wait", "copy_done", "compute_start", "uploaded, waiting for compute"),

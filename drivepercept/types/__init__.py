@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -98,6 +99,8 @@ class CameraSnapshot:
         fps: results per second over the last second.
         p95_ms: end-to-end p95 over the last second (NaN with no frame in it).
         read: frames read from the source.
+        decoded, prepared: of those, frames decoded and prepared for the model (live: only
+            the frames used are, where the source allows it; replay: every frame).
         short_by: frames its container announced that could not be decoded.
         discarded: read, neither emitted nor dropped: in flight when the run stopped.
         reader: the reader's own status (connects, down time, state changes).
@@ -113,6 +116,8 @@ class CameraSnapshot:
     short_by: int
     discarded: int
     reader: ReaderStatus
+    decoded: int = 0
+    prepared: int = 0
 
 
 @dataclass(frozen=True)
@@ -175,11 +180,31 @@ class Frame(_CarriesMeta):
                 f"frame image must be uint8 {want}, got {self.image.dtype} {self.image.shape}"
             )
 
+    deferred = False  # prepared already: `into` only copies
+
+    def into(self, row: ImageU8) -> FrameMeta:
+        """Copy the prepared image into a staging row; the frame's meta."""
+        np.copyto(row, self.image)
+        return self.meta
+
     def __repr__(self) -> str:
         return (
             f"Frame(camera={self.camera!r}, frame_index={self.frame_index}, "
             f"image={self.image.shape})"
         )
+
+
+class QueuedFrame(Protocol):
+    """What a camera queue holds: a `Frame` prepared on its decoder thread (replay: every
+    frame is used, and preparing ahead overlaps the model), or a frame whose decoding and
+    preparation are deferred until the batcher takes it (live: most frames are dropped for
+    newer ones, and a dropped frame should cost nothing). `into` writes the model input into
+    a staging-ring row and returns the frame's meta."""
+
+    @property
+    def deferred(self) -> bool: ...
+
+    def into(self, row: ImageU8) -> FrameMeta: ...
 
 
 @dataclass(frozen=True)
