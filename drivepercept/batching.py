@@ -13,6 +13,13 @@ decoder thread is copied; a deferred one (live) is decoded and prepared there, o
 pool of `prepare` threads, one frame per camera at once (OpenCV releases the GIL), so a
 batch of six is ready in about the time of one on a machine with six cores. A deferred
 frame that fails (a corrupt JPEG) is left out of its batch, logged and counted.
+
+Just in time: with deferred frames and a second staging slot, the batcher does not take the
+next batch the moment a slot is free (its frames would then age for a whole inference in
+the slot); given `free_at` (when the engine will take its next batch), it waits until that
+time less its own preparation time (a moving average), then takes each camera's newest
+frame. The preparation overlaps the end of the compute, and the batch is ready just as the
+engine is.
 """
 
 from __future__ import annotations
@@ -50,8 +57,10 @@ class Batcher:
         timeout_ms: float,
         stop: threading.Event,
         on_error: Callable[[BaseException], None] | None = None,
+        free_at: Callable[[], int] | None = None,
     ) -> None:
         self.queues = queues
+        self.free_at = free_at
         self.ring = ring
         self.out = out
         self.timeout_ns = int(timeout_ms * 1e6)
@@ -61,6 +70,7 @@ class Batcher:
         self.partial_batches = 0
         self.failed_frames = 0  # deferred frames that could not be prepared (corrupt)
         self._pool: ThreadPoolExecutor | None = None
+        self._prepare_ema_ns = 0.0  # how long preparing a batch of deferred frames takes
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="batcher", daemon=True)
 
@@ -101,6 +111,9 @@ class Batcher:
                     if self.stop.is_set():
                         return
                     slot = self.ring.acquire(timeout=_POLL_S)
+                if not self._just_in_time():
+                    self.ring.release(slot)
+                    return
                 with qs.cond:
                     n = len(qs.cameras)
                     live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
@@ -130,6 +143,16 @@ class Batcher:
                 self._pool.shutdown(wait=False, cancel_futures=True)
             put_until_stopped(self.out, None, self.stop)
 
+    def _just_in_time(self) -> bool:
+        """With deferred frames, wait until the engine is about to be free less the time a
+        preparation takes (see the module docstring); False if stopped meanwhile."""
+        if self.free_at is None or self._prepare_ema_ns == 0:
+            return not self.stop.is_set()  # eager frames, or no preparation timed yet
+        while (wait_ns := self.free_at() - int(self._prepare_ema_ns) - time.monotonic_ns()) > 0:
+            if self.stop.wait(min(wait_ns / 1e9, _POLL_S)):
+                return False
+        return not self.stop.is_set()
+
     def _fill(self, rows: np.ndarray, taken: list[tuple[QueuedFrame, int]]) -> list[FrameMeta]:
         """Write the taken frames into consecutive rows of a slot; their metas, stamped with
         when each was queued. Deferred frames are prepared in parallel."""
@@ -141,7 +164,10 @@ class Batcher:
         if self._pool is None:
             workers = min(len(self.queues.cameras), os.cpu_count() or 1)
             self._pool = ThreadPoolExecutor(workers, thread_name_prefix="prepare")
+        started = time.monotonic_ns()
         done = list(self._pool.map(_prepare, [f for f, _ in taken], list(rows[: len(taken)])))
+        took, ema = time.monotonic_ns() - started, self._prepare_ema_ns
+        self._prepare_ema_ns = took if ema == 0 else 0.5 * (ema + took)
         metas: list[FrameMeta] = []
         for k, (meta, (_, queued_ns)) in enumerate(zip(done, taken, strict=True)):
             if meta is None:

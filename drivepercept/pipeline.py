@@ -133,6 +133,7 @@ class Pipeline:
             timeout_ms=config.batch_timeout_ms,
             stop=self.stop_event,
             on_error=self._fail,
+            free_at=lambda: self.engine.free_at_ns(),  # live: batches made just in time
         )
         self.engine = InferenceEngine(
             detector=detector,

@@ -3,6 +3,7 @@ the frames it uses: counts, equality with eager preparation, a corrupt frame, fa
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -211,3 +212,43 @@ def test_a_corrupt_frame_is_left_out_and_the_camera_goes_on() -> None:
     assert pipeline.batcher.failed_frames == 1
     assert 3 not in [r.frame_index for r in sink.results]
     assert stats.frames == len(sink.results) >= 6
+
+
+def test_live_batches_are_made_just_in_time_for_the_engine() -> None:
+    # given a 100 fps camera (frames encoded) and a model that takes 0.2 s a batch
+    import torch
+
+    from drivepercept.models.base import Detector
+
+    class Sleepy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+            time.sleep(0.2)
+            empty = {"boxes": torch.zeros((0, 4)), "scores": torch.zeros(0)}
+            return [{**empty, "labels": torch.zeros(0, dtype=torch.long)} for _ in x]
+
+    config = PipelineConfig(
+        device="cpu",
+        drop_policy="drop_oldest",
+        queue_capacity=1,
+        max_in_flight=1,
+        ring_slots=2,  # live's: one slot in flight, one for the next batch
+        sample_hz=0.0,
+    )
+    sink = _Collect()
+    with Pipeline(
+        cameras=[("c", _Encoded(frames=250, pace_s=0.01))],
+        detector=Detector("sleepy", Sleepy(), InputSpec((64, 64)), ("a",)),
+        config=config,
+        sinks=[sink],
+    ) as pipeline:
+        pipeline.run()
+    later = sink.results[5:]  # once the compute and preparation times are learnt
+    age_ms = sorted((r.timing.compute_start_ns - r.timing.capture_ns) / 1e6 for r in later)
+    gap_ms = sorted(
+        (b.timing.compute_start_ns - a.timing.inference_done_ns) / 1e6
+        for a, b in itertools.pairwise(later)
+    )
+    # then a frame is taken just before the engine is free: it is young when its compute
+    # starts, not a whole inference (200 ms) old; and the engine does not wait for it
+    assert age_ms[len(age_ms) // 2] < 80.0, age_ms
+    assert gap_ms[len(gap_ms) // 2] < 30.0, gap_ms

@@ -40,7 +40,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -49,7 +48,8 @@ from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device
 from drivepercept.engine.failures import BatchFailures
-from drivepercept.engine.step import DetectorStep, Outputs
+from drivepercept.engine.flight import InFlight, Staged, new_event, new_stream, tensors
+from drivepercept.engine.step import DetectorStep
 from drivepercept.models.base import Detector
 from drivepercept.queues import put_until_stopped
 from drivepercept.types import Batch, Detections, FrameResult, FrameTiming, WarmupRun
@@ -57,46 +57,6 @@ from drivepercept.types import Batch, Detections, FrameResult, FrameTiming, Warm
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.1
-
-
-@dataclass
-class _Staged:
-    """A batch whose upload has been started (`batch` None: a warm-up batch)."""
-
-    batch: Batch | None
-    size: int
-    device_u8: torch.Tensor
-    submit_ns: int
-    start: torch.cuda.Event | None = None
-    copied: torch.cuda.Event | None = None
-    copy_done_ns: int = 0
-    released: bool = False  # its staging slot was given back
-
-
-@dataclass
-class _InFlight:
-    """A batch whose model has been launched; its outputs may still be being computed."""
-
-    staged: _Staged
-    outputs: Outputs
-    inferred: torch.cuda.Event | None = None
-    compute_started: torch.cuda.Event | None = None
-    times_ns: dict[str, int] = field(default_factory=dict)
-
-
-def _new_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-
-
-def _new_event(*, waited_on: bool = False) -> torch.cuda.Event:
-    # an event the host waits for is blocking: the waiting thread sleeps instead of
-    # spinning on a core the decoders need
-    return torch.cuda.Event(enable_timing=True, blocking=waited_on)  # type: ignore[no-untyped-call]
-
-
-def _tensors(outputs: Outputs) -> Iterator[torch.Tensor]:
-    for out in outputs:
-        yield from (v for v in out.values() if isinstance(v, torch.Tensor))
 
 
 class InferenceEngine:
@@ -138,22 +98,27 @@ class InferenceEngine:
             k = config.max_detections
             self._out = torch.empty((max_batch, k, 6), dtype=torch.float32, pin_memory=self.cuda)
             self._counts = torch.empty(max_batch, dtype=torch.int32, pin_memory=self.cuda)
-            self._copy_stream = _new_stream(device) if self.cuda else None
-            self._compute_stream = _new_stream(device) if self.cuda else None
-            self._post_stream = _new_stream(device) if self.cuda else None
+            self._copy_stream = new_stream(device) if self.cuda else None
+            self._compute_stream = new_stream(device) if self.cuda else None
+            self._post_stream = new_stream(device) if self.cuda else None
             if self.cuda:
                 # the weights and constants went up on the default stream, which our streams
                 # do not wait for: let those copies land before any kernel reads them
                 torch.cuda.current_stream(device).synchronize()
         # launched and not yet finished: at most max_in_flight
         self._flight_slots = threading.Semaphore(config.max_in_flight)
-        self._in_flight: queue.Queue[_InFlight | None] = queue.Queue(
+        self._in_flight: queue.Queue[InFlight | None] = queue.Queue(
             maxsize=config.max_in_flight + 1
         )
         self._count_lock = threading.Lock()
         self._now_in_flight = 0
         self.in_flight_high_water = 0
         self.failures = BatchFailures()  # batches the model or post-processing raised on
+        # when the compute of the batch being launched began (0: none), and a moving average
+        # of how long one takes: when the engine will be free (`free_at_ns`)
+        self._compute_since_ns = 0
+        self._compute_ema_ns = 0.0
+        self._held = False
         # On the CPU a staging slot is free once its float copy is taken, and replay lets the
         # batcher refill it during compute. Live (drop_oldest) keeps it until the model is
         # done: the batcher then takes each camera's newest frame just when the engine is
@@ -200,25 +165,25 @@ class InferenceEngine:
     def _stream(self, stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[None]:
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
-    def _upload(self, rows: torch.Tensor, batch: Batch | None) -> _Staged:
+    def _upload(self, rows: torch.Tensor, batch: Batch | None) -> Staged:
         if not self.cuda:
             now = time.monotonic_ns()
-            return _Staged(batch, rows.shape[0], rows, now, copy_done_ns=now)
-        start = _new_event()
-        copied = _new_event(waited_on=True)
+            return Staged(batch, rows.shape[0], rows, now, copy_done_ns=now)
+        start = new_event()
+        copied = new_event(waited_on=True)
         with self._stream(self._copy_stream):
             start.record()
             submit_ns = time.monotonic_ns()
             device_u8 = rows.to(self.device, non_blocking=True)
             copied.record()
-        return _Staged(batch, rows.shape[0], device_u8, submit_ns, start, copied)
+        return Staged(batch, rows.shape[0], device_u8, submit_ns, start, copied)
 
-    def _release(self, staged: _Staged) -> None:
+    def _release(self, staged: Staged) -> None:
         if staged.batch is not None and not staged.released:
             staged.released = True
             self.ring.release(staged.batch.slot)
 
-    def _batch_failed(self, staged: _Staged, exc: Exception) -> None:
+    def _batch_failed(self, staged: Staged, exc: Exception) -> None:
         """Set a batch the model raised on aside (see the module docstring).
 
         Raises:
@@ -239,7 +204,7 @@ class InferenceEngine:
             self._now_in_flight -= 1
         self._flight_slots.release()
 
-    def _compute(self, staged: _Staged) -> _InFlight:
+    def _compute(self, staged: Staged) -> InFlight:
         """Launch normalise + model on the compute stream (returns before the device is done,
         unless the model itself waits for it)."""
         times: dict[str, int] = {}
@@ -250,7 +215,7 @@ class InferenceEngine:
                 self._compute_stream.wait_event(staged.copied)
                 # the upload was allocated on the copy stream and is used on this one
                 staged.device_u8.record_stream(self._compute_stream)
-                started = _new_event()
+                started = new_event()
                 started.record()
             else:
                 times["compute_start"] = time.monotonic_ns()
@@ -261,15 +226,13 @@ class InferenceEngine:
             outputs = self.step.forward(x)
             inferred: torch.cuda.Event | None = None
             if self.cuda:
-                inferred = _new_event(waited_on=True)
+                inferred = new_event(waited_on=True)
                 inferred.record()
             else:
                 times["inference_done"] = time.monotonic_ns()
                 if not self._release_early:
                     self._release(staged)
-        return _InFlight(
-            staged, outputs, inferred=inferred, compute_started=started, times_ns=times
-        )
+        return InFlight(staged, outputs, inferred=inferred, compute_started=started, times_ns=times)
 
     def _batches(self) -> Iterator[Batch]:
         while True:
@@ -301,13 +264,14 @@ class InferenceEngine:
         log.debug("warm-up: %s", ", ".join(f"batch {r.batch_size}: {r.ms:.1f} ms" for r in runs))
 
     def _run_submit(self) -> None:
-        pending: _Staged | None = None
+        pending: Staged | None = None
         try:
             if self.config.warmup:
                 self._warm_up()
             self.ready_ns = time.monotonic_ns()
             self.ready.set()
             for batch in self._batches():
+                self._held = True  # taken, not yet computing: it counts as waiting
                 rows = self.ring.tensors[batch.slot][: batch.size]
                 staged = self._upload(rows, batch)  # n+1's copy starts before n's compute
                 if not self.cuda:
@@ -331,7 +295,7 @@ class InferenceEngine:
         finally:
             put_until_stopped(self._in_flight, None, self.stop)
 
-    def _launch(self, staged: _Staged) -> None:
+    def _launch(self, staged: Staged) -> None:
         """Compute a staged batch once fewer than max_in_flight are unfinished."""
         while not self._flight_slots.acquire(timeout=_POLL_S):
             if self.stop.is_set():
@@ -339,13 +303,31 @@ class InferenceEngine:
         with self._count_lock:
             self._now_in_flight += 1
             self.in_flight_high_water = max(self.in_flight_high_water, self._now_in_flight)
+        self._compute_since_ns = started = time.monotonic_ns()
+        self._held = False
         try:
             flight = self._compute(staged)
         except Exception as exc:
             self._landed()
             self._batch_failed(staged, exc)
             return
+        finally:
+            took = time.monotonic_ns() - started
+            ema = self._compute_ema_ns
+            self._compute_ema_ns = took if ema == 0 else 0.5 * (ema + took)
+            self._compute_since_ns = 0
         put_until_stopped(self._in_flight, flight, self.stop)
+
+    def free_at_ns(self) -> int:
+        """When the engine is expected to take its next batch (monotonic ns): the end of
+        the compute in progress and of each batch waiting in its inbox, by their usual
+        duration. On a CPU the launch is the compute; on CUDA launching returns at once, so
+        this is about now: only a CPU engine makes the batcher wait (`Batcher`)."""
+        since, ema = self._compute_since_ns, int(self._compute_ema_ns)
+        now = time.monotonic_ns()
+        free = max(now, since + ema) if since else now
+        waiting = self.inbox.qsize() + (1 if self._held and not since else 0)
+        return free + ema * waiting  # and each batch waiting for it
 
     # ------------------------------------------------------------------ completion thread
 
@@ -361,7 +343,7 @@ class InferenceEngine:
                 return
             self._finish(flight)
 
-    def _post(self, flight: _InFlight) -> int:
+    def _post(self, flight: InFlight) -> int:
         """Filter + NMS + pack on the post-processing stream, copy into the pinned host
         buffers, and wait for it all. Frees the staging slot as soon as its upload is done,
         and sleeps (blocking events) while the model runs, so that the two waits inside
@@ -378,12 +360,12 @@ class InferenceEngine:
             if self.cuda:
                 assert self._post_stream is not None and flight.inferred is not None
                 self._post_stream.wait_event(flight.inferred)
-                for t in _tensors(flight.outputs):  # made on the compute stream, used here
+                for t in tensors(flight.outputs):  # made on the compute stream, used here
                     t.record_stream(self._post_stream)
             packed, counts = self.step.postprocess(flight.outputs)
             self._out[:n].copy_(packed, non_blocking=self.cuda)
             self._counts[:n].copy_(counts, non_blocking=self.cuda)
-            done = _new_event(waited_on=True) if self.cuda else None
+            done = new_event(waited_on=True) if self.cuda else None
             if done is not None:
                 done.record()
         if not self.cuda:
@@ -402,7 +384,7 @@ class InferenceEngine:
         flight.times_ns["postprocessed"] = at(done)
         return at(staged.copied)
 
-    def _finish(self, flight: _InFlight) -> None:
+    def _finish(self, flight: InFlight) -> None:
         staged = flight.staged
         batch = staged.batch
         assert batch is not None

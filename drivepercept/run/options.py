@@ -130,9 +130,9 @@ class Mode(enum.Enum):
         """The pipeline settings this mode chooses where `settings` has none.
 
         Live and real-time runs take each camera's newest frame (a queue of one,
-        drop_oldest, every drop counted) and keep no batch waiting behind the ones in flight:
-        on a CPU, where nothing overlaps, one batch in flight and its staging slot held until
-        the model is done; on a GPU two, and one slot more to stage the next.
+        drop_oldest, every drop counted), and batches are made just in time (the batcher
+        prepares the next one as the engine is about to be free, `batching`): on a CPU one
+        batch in flight, on a GPU two, and one staging slot more, for the next batch.
         """
         if self is Mode.REPLAY:
             return {}
@@ -144,7 +144,7 @@ class Mode(enum.Enum):
             "drop_policy": "drop_oldest",
             "queue_capacity": 1,
             "max_in_flight": in_flight,
-            "ring_slots": in_flight + (0 if cpu else 1),
+            "ring_slots": in_flight + 1,
         }
 
 
