@@ -670,10 +670,12 @@ def soak(args: argparse.Namespace) -> Outcome:
     capture, e2e = read_latencies(result.run_dir / "frames.csv")
     latency = latency_windows(capture, e2e, window_s=args.window_s)
     # memory time runs from the start of capture (model load and the engine's warm-up come
-    # before it); the end is the last sample while the run went, before its report
+    # before it); the end is the last sample while the pipeline's threads ran: `run` also
+    # writes the report (matplotlib plots), whose memory is not the pipeline's
     t0 = sampler.capture_started_s or 0.0
     warmup_s = warmup_s_for(args.duration, args.warmup_s)
-    rss = rss_growth([(s.t_s - t0, s.rss_mb) for s in during], warmup_s=warmup_s)
+    running = [s for s in during if s.py_threads > len(before_names) + 1]  # +1: the sampler
+    rss = rss_growth([(s.t_s - t0, s.rss_mb) for s in running], warmup_s=warmup_s)
     checks = criteria(
         threads=threads,
         rss=rss,
