@@ -31,7 +31,7 @@ def test_block_policy_waits_and_drop_oldest_counts() -> None:
         assert q.put(0, _frame(0, k), stop=stop)
     with q.cond:
         frame, _ = q.take(0)
-    assert frame.frame_index == 4  # newest wins
+    assert isinstance(frame, Frame) and frame.frame_index == 4  # newest wins
     assert q.dropped() == [4] and q.high_water() == [2]
 
     blocking = CameraQueues(["a"], capacity=1, policy=DropPolicy.BLOCK)
