@@ -56,6 +56,10 @@ class PipelineConfig:
         drain_timeout_s: after capture stops (duration, Ctrl-C, SIGTERM), the longest the
             frames already read (queued, batched, on the device) may take to come out; the
             drain ends as soon as they are out, so this is only a bound.
+        compile: run the model through `torch.compile` (compiled in the warm-up; a model
+            that cannot be compiled runs eagerly after one warning; `engine/compiled.py`).
+        cuda_graphs: replay the model's forward at the rig's batch size as one CUDA graph
+            (CUDA only; `engine/graphs.py`).
     """
 
     batch_timeout_ms: float = 20.0
@@ -73,6 +77,8 @@ class PipelineConfig:
     sample_hz: float = 10.0
     warmup: bool = True
     drain_timeout_s: float = 10.0
+    compile: bool = False
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -111,6 +117,9 @@ class PipelineConfig:
             raise ConfigError(
                 f"drain_timeout_s must be between 0 and 3600, got {self.drain_timeout_s:g}"
             )
+        if self.cuda_graphs and self.device == "cpu":
+            # 'auto' that finds no GPU is refused where the device is resolved (DetectorStep)
+            raise ConfigError("cuda_graphs needs a CUDA device, got device 'cpu'")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@
 #      flight, fp16/bf16 geometry, real NVML)
 #   3. `drivepercept bench` (model-only vs pipeline vs naive) for ssdlite in fp32 and fp16,
 #      for drivepercept-tiny in bf16 and for yolox-nano in fp16 (random weights: no network
-#      there; a score threshold of 0.99 keeps its untrained scores from flooding NMS)
+#      there; a score threshold of 0.99 keeps its untrained scores from flooding NMS), and
+#      drivepercept-tiny in bf16 again with --compile --cuda-graphs (compiled and captured
+#      in the warm-ups, which no figure counts; one round of FRAMES: compiling takes time)
 #   4. replays of the sample rig in fp32 and fp16 with their latency reports (warm-up,
 #      batches in flight) and the fp32/fp16 comparison
 #   5. NVML figures present in the fp32 run's summary.json
@@ -65,8 +67,11 @@ export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "$DRY_RUN" -eq 1 ]; then
     DEVICE=cpu FRAMES=3 ROUNDS=1 MAX_FRAMES=6 LIVE_S=3 SAMPLER_FRAMES=6
+    # no CUDA graphs on a CPU, and inductor takes minutes there: the flags' parsing only
+    SPEED_FLAGS="--no-compile --no-cuda-graphs"
 else
     DEVICE=cuda FRAMES=60 ROUNDS=2 MAX_FRAMES=0 LIVE_S=15 SAMPLER_FRAMES=60
+    SPEED_FLAGS="--compile --cuda-graphs"
 fi
 KILL_AFTER=5
 status=0
@@ -130,6 +135,13 @@ bench() {
     drivepercept bench sample_videos/rig.toml --model "$model" --weights "$3" "${@:4}" \
         --device "$DEVICE" --precision "$precision" --frames "$FRAMES" --rounds "$ROUNDS" \
         | tee "$WORK/results/bench-$model-$precision.txt"
+}
+
+bench_speed() {
+    # shellcheck disable=SC2086  # two flags, split on purpose
+    drivepercept bench sample_videos/rig.toml --model drivepercept-tiny --weights DEFAULT \
+        --device "$DEVICE" --precision bf16 --frames "$FRAMES" --rounds 1 $SPEED_FLAGS \
+        | tee "$WORK/results/bench-drivepercept-tiny-bf16-compile-graphs.txt"
 }
 
 replay() {
@@ -200,21 +212,24 @@ else
     HALF=fp16 LIVE_PRECISION=fp16
 fi
 export DRY_RUN DEVICE FRAMES ROUNDS MAX_FRAMES LIVE_S SAMPLER_FRAMES LIVE_PRECISION WORK RUNS
-export -f drivepercept environment cuda_tests bench replay nvml_figures live sampler_cost
+export SPEED_FLAGS
+export -f drivepercept environment cuda_tests bench bench_speed replay nvml_figures live
+export -f sampler_cost
 
 step environment 30 environment
 step "cuda tests" 100 cuda_tests
-step "bench ssdlite fp32" 30 bench ssdlite320_mobilenet_v3_large fp32 none
-step "bench ssdlite $HALF" 30 bench ssdlite320_mobilenet_v3_large "$HALF" none
-step "bench drivepercept-tiny bf16" 30 bench drivepercept-tiny bf16 DEFAULT
-step "bench yolox-nano $HALF" 30 bench yolox-nano "$HALF" none --score-threshold 0.99
-step "replay fp32" 35 replay fp32
-step "replay $HALF" 35 replay "$HALF"
-step "compare fp32 vs $HALF" 15 drivepercept report "$RUNS/replay-fp32" \
+step "bench ssdlite fp32" 25 bench ssdlite320_mobilenet_v3_large fp32 none
+step "bench ssdlite $HALF" 25 bench ssdlite320_mobilenet_v3_large "$HALF" none
+step "bench drivepercept-tiny bf16" 25 bench drivepercept-tiny bf16 DEFAULT
+step "bench drivepercept-tiny bf16 $SPEED_FLAGS" 45 bench_speed
+step "bench yolox-nano $HALF" 25 bench yolox-nano "$HALF" none --score-threshold 0.99
+step "replay fp32" 30 replay fp32
+step "replay $HALF" 30 replay "$HALF"
+step "compare fp32 vs $HALF" 10 drivepercept report "$RUNS/replay-fp32" \
     --compare "$RUNS/replay-$HALF"
-step "NVML figures" 10 nvml_figures
-step "live" 40 live
-step "sampler cost" 35 sampler_cost
+step "NVML figures" 5 nvml_figures
+step "live" 35 live
+step "sampler cost" 30 sampler_cost
 
 # the key figures of every run, for the note
 python3 - "$RUNS" >"$OUT/summary.txt" 2>&1 <<'PY'

@@ -5,6 +5,10 @@ and naive figures measure exactly the network, precision and post-processing the
 runs. The steps are separate methods because the engine spreads them over its threads: it
 normalises and runs the model on its compute stream, and post-processes on the completion
 side.
+
+With `compile` the model call goes through `engine/compiled.py` (compiled in the warm-up,
+eager after one warning if it cannot be), with `cuda_graphs` the whole forward (autocast
+included) through `engine/graphs.py` (one CUDA graph at the full batch, replayed).
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ import contextlib
 import torch
 
 from drivepercept.config import PipelineConfig
+from drivepercept.engine.compiled import CompiledModel
+from drivepercept.engine.graphs import GraphedForward
 from drivepercept.engine.precision import autocast, set_reduced_precision
 from drivepercept.engine.stages import label_table, postprocess, to_model_input
+from drivepercept.errors import ConfigError
 from drivepercept.models.base import Detector, ModelError
 
 Outputs = list[dict[str, torch.Tensor]]
@@ -29,9 +36,15 @@ class DetectorStep:
     forward; see `engine/precision.py`) and channels_last, and puts the normalisation
     constants and the class filter on the device once. Set-up is idempotent, so one detector
     may be set up again (bench does: once for itself, once per pipeline it runs).
+
+    Raises:
+        ConfigError: CUDA graphs asked for on a device that is not a GPU.
+        ModelError: the detector's `reduced_precision` names no submodule.
     """
 
     def __init__(self, detector: Detector, config: PipelineConfig, device: torch.device) -> None:
+        if config.cuda_graphs and device.type != "cuda":
+            raise ConfigError(f"cuda_graphs needs a CUDA device, got device {str(device)!r}")
         self.detector = detector
         self.config = config
         self.device = device
@@ -51,6 +64,10 @@ class DetectorStep:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
         self._whole_autocast = parts is None
+        self.compiled = CompiledModel(model, name=detector.name) if config.compile else None
+        self.graphed = (
+            GraphedForward(self._run_model, name=detector.name) if config.cuda_graphs else None
+        )
         spec = detector.input
         # Normalisation constants go to the device once (none at all when they are 0 and 1).
         self.mean: tuple[float, ...] | torch.Tensor = spec.mean
@@ -73,10 +90,17 @@ class DetectorStep:
         )
 
     def forward(self, x: torch.Tensor) -> Outputs:
-        """The model on a normalised batch (call under `torch.inference_mode()`)."""
+        """The model on a normalised batch (call under `torch.inference_mode()`): replayed
+        from a CUDA graph where one is captured, else called (compiled or not)."""
+        if self.graphed is not None:
+            return self.graphed(x)
+        return self._run_model(x)
+
+    def _run_model(self, x: torch.Tensor) -> Outputs:
         whole = autocast(self.config.precision, self.device) if self._whole_autocast else None
+        call = self.compiled if self.compiled is not None else self.model
         with whole or contextlib.nullcontext():
-            outputs: Outputs = self.model(x)
+            outputs: Outputs = call(x)
         return outputs
 
     def postprocess(self, outputs: Outputs) -> tuple[torch.Tensor, torch.Tensor]:
