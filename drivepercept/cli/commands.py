@@ -165,13 +165,37 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from drivepercept.run import bench
+    from drivepercept.run import SIMULATED, BenchRequest, run_bench, write_bench_json
 
-    result = bench(
-        run_options(args, jobs.Mode.REPLAY), frames_per_camera=args.frames, rounds=args.rounds
+    if args.mode == "capacity" and not (args.sources or args.rig or args.config):
+        args.sources = [SIMULATED]  # capacity renders its own cameras
+    request = BenchRequest(args.mode, args.frames, args.rounds, args.fps, args.duration, args.size)
+    options = run_options(args, jobs.Mode.REPLAY)
+    # capacity's search shows each step as it goes (on stderr: stdout gets the table once)
+    report = run_bench(
+        options,
+        request,
+        cameras=_sim_cameras(),
+        on_step=lambda s: print(f"step: {s.line()}", file=sys.stderr, flush=True),
     )
-    print(result.table())
+    print(report.table())
+    if args.json is not None:
+        write_bench_json(args.json, request, report)
+        print(f"figures: {args.json}")
     return EXIT_OK
+
+
+def _sim_cameras() -> jobs.SimCameras:
+    """The simulator's camera server and clip renderer for bench's live modes (the jobs sit
+    beside sim/, not above it)."""
+    from drivepercept.sim.clip import simulate_clip
+    from drivepercept.sim.config import SimulationConfig
+    from drivepercept.sim.serve import CameraServer
+
+    def render(out_dir: Path, **kw: Any) -> tuple[Path, ...]:
+        return simulate_clip(SimulationConfig(out_dir=out_dir, **kw)).videos
+
+    return jobs.SimCameras(serve=CameraServer, render=render)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

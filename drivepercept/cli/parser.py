@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from drivepercept import __version__
+from drivepercept.run.bench_suite import BENCH_MODES
 from drivepercept.run.options import DEFAULT_MODEL
 
 EXIT_USAGE = 2
@@ -33,7 +34,11 @@ Newest frame wins (drops counted); a failing camera reconnects while the others 
 Ground truth less visible than --min-visibility or lower than --min-height-px is ignored.""",
     "bench": """
   drivepercept bench sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
-Frames/s of the model alone (the ceiling), the pipeline and a naive loop, with the ratios.""",
+  drivepercept bench sample_videos/rig.toml --mode ceiling --json ceiling.json
+  drivepercept bench sample_videos/rig.toml --mode live --fps 15 --duration 15
+  drivepercept bench --mode capacity --fps 30 --budget-ms 100 --size 640x360
+default: frames/s of the model alone (the ceiling), the pipeline and a naive loop, with ratios;
+ceiling: per batch size; live: served cameras; capacity: most cameras in budget.""",
     "serve-cameras": """
   drivepercept serve-cameras sample_videos/rig.toml --port 8554
 Each camera is at http://127.0.0.1:PORT/<name>.mjpg; runs until Ctrl-C or SIGTERM.""",
@@ -81,6 +86,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         ("--precision", str, "fp32, fp16 or bf16 (default fp32)"),
         ("--channels-last", "switch", "NHWC memory format for the model (default on)"),
         ("--warmup", "switch", "a full and a one-frame batch before capture (default on)"),
+        ("--compile", "switch", "torch.compile the model in the warm-up (default off)"),
+        ("--cuda-graphs", "switch", "replay the full batch as one CUDA graph (default off)"),
         ("--score-threshold", float, "default 0.3"),
         ("--queue-capacity", int, "frames waiting per camera (default 4; live 1)"),
         ("--max-frames", int, "stop each camera after N frames"),
@@ -162,10 +169,19 @@ def build_parser() -> Parser:
     ev.add_argument("--min-visibility", type=float, default=0.3, help="(default 0.3)")
     ev.add_argument("--min-height-px", type=float, default=12.0, help="(default 12)")
 
-    ben = command("bench", "model ceiling vs pipeline vs naive loop, on one machine")
+    ben = command("bench", "model ceiling, pipeline, naive loop, live cameras, capacity")
     _model_args(ben)
+    ben.add_argument("--mode", default="default", choices=BENCH_MODES, help="(default: three)")
     ben.add_argument("--frames", type=int, default=30, help="frames per camera (default 30)")
     ben.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    _flags(
+        ben,
+        ("--fps", float, "live, capacity: each camera's frame rate (rig's; 30)"),
+        ("--duration", float, "live: seconds measured (15); capacity: per step (10)"),
+        ("--budget-ms", float, "capacity: the p99 latency budget (default 100)"),
+        ("--size", str, "capacity: cameras' WIDTHxHEIGHT (default 640x360)"),
+        ("--json", Path, "also write the figures and the machine to this file"),
+    )
 
     srv = command("serve-cameras", "serve videos as live MJPEG cameras on 127.0.0.1 (tests)")
     srv.add_argument("sources", nargs="+", metavar="SOURCE", help="rig.toml, videos, folders")

@@ -9,7 +9,8 @@
 
 `run` replays recorded cameras (`Mode.REPLAY`), replays them at their own pace
 (`Mode.REALTIME`) or reads live cameras (`Mode.LIVE`); `evaluate` scores a clip with ground
-truth; `bench` compares the model alone, the pipeline and a naive loop.
+truth; `bench` compares the model alone, the pipeline and a naive loop, and `run_bench`
+runs any of the benchmark suite's modes (`BENCH_MODES`: ceiling, live, capacity, ...).
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from drivepercept.config import ReconnectPolicy
     from drivepercept.eval import EvalThresholds
+    from drivepercept.run.bench_capacity import SIMULATED
+    from drivepercept.run.bench_live import SimCameras
+    from drivepercept.run.bench_suite import (
+        BENCH_MODES,
+        BenchReport,
+        BenchRequest,
+        run_bench,
+        write_bench_json,
+    )
     from drivepercept.run.benchmark import BenchResult, bench
     from drivepercept.run.evaluation import EvaluateResult, evaluate
     from drivepercept.run.job import RunResult, run
@@ -39,6 +49,13 @@ if TYPE_CHECKING:
 _HOMES = {
     "ReconnectPolicy": "drivepercept.config",
     "EvalThresholds": "drivepercept.eval",
+    "SIMULATED": "drivepercept.run.bench_capacity",
+    "SimCameras": "drivepercept.run.bench_live",
+    "BENCH_MODES": "drivepercept.run.bench_suite",
+    "BenchReport": "drivepercept.run.bench_suite",
+    "BenchRequest": "drivepercept.run.bench_suite",
+    "run_bench": "drivepercept.run.bench_suite",
+    "write_bench_json": "drivepercept.run.bench_suite",
     "BenchResult": "drivepercept.run.benchmark",
     "bench": "drivepercept.run.benchmark",
     "EvaluateResult": "drivepercept.run.evaluation",
@@ -67,9 +84,13 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BENCH_MODES",
     "DEFAULT_MODEL",
     "PIPELINE_KEYS",
     "RUN_KEYS",
+    "SIMULATED",
+    "BenchReport",
+    "BenchRequest",
     "BenchResult",
     "EvalThresholds",
     "EvaluateResult",
@@ -78,10 +99,13 @@ __all__ = [
     "ReconnectPolicy",
     "RunOptions",
     "RunResult",
+    "SimCameras",
     "SinkPolicy",
     "bench",
     "environment_settings",
     "evaluate",
     "read_settings_file",
     "run",
+    "run_bench",
+    "write_bench_json",
 ]

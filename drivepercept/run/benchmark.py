@@ -1,9 +1,11 @@
-"""`drivepercept bench`: how close the pipeline gets to the model's ceiling, and to naive code.
+"""`drivepercept bench` (the default, and `--mode pipeline|naive`): how close the pipeline gets
+to the model's ceiling, and to naive code.
 
 Three measurements on the same machine, model, input size and batch, in one run:
 
 (a) model-only: pre-made batches (one prepared frame per camera, taken from the rig) through
-    normalise + model + post-processing, back to back. The ceiling: no decoding at all.
+    normalise + model + post-processing, back to back. The ceiling: no decoding at all
+    (`bench --mode ceiling` measures it per batch size, with latency: `bench_ceiling`).
 (b) pipeline: the full replay pipeline on the rig (decoder threads, batcher, engine).
 (c) naive: for each camera in turn, read a frame, prepare it, run it alone (batch 1) and wait
     for the result; what a first attempt in a notebook does.
@@ -16,6 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,29 +52,53 @@ class BenchLine:
         return self.frames / self.seconds if self.seconds > 0 else 0.0
 
 
+MODES = ("model-only", "pipeline", "naive")
+
+
 @dataclass(frozen=True)
 class BenchResult:
-    model_only: BenchLine
-    pipeline: BenchLine
-    naive: BenchLine
+    """The measured lines, in `MODES` order (the modes that were asked for)."""
+
+    lines: tuple[BenchLine, ...]
     batch: int
     device: str
     rounds: int = 1
     model: str = ""
     input_size: tuple[int, int] = (0, 0)
 
+    def line(self, mode: str) -> BenchLine | None:
+        return next((line for line in self.lines if line.mode == mode), None)
+
     def table(self) -> str:
         w, h = self.input_size
         rows = [f"model {self.model}, input {w}x{h}, {self.batch} cameras"]
         rows += [f"{'mode':<12} {'frames':>7} {'seconds':>8} {'frames/s':>9}"]
-        for line in (self.model_only, self.pipeline, self.naive):
+        for line in self.lines:
             rows.append(f"{line.mode:<12} {line.frames:>7d} {line.seconds:>8.3f} {line.fps:>9.1f}")
-        rows.append(f"pipeline / model-only: {self.pipeline.fps / self.model_only.fps:.2f}x")
-        rows.append(f"pipeline / naive:      {self.pipeline.fps / self.naive.fps:.2f}x")
+        pipeline, model_only, naive = (self.line(m) for m in ("pipeline", "model-only", "naive"))
+        if pipeline and model_only:
+            rows.append(f"pipeline / model-only: {pipeline.fps / model_only.fps:.2f}x")
+        if pipeline and naive:
+            rows.append(f"pipeline / naive:      {pipeline.fps / naive.fps:.2f}x")
         rows.append(
             f"(batch {self.batch}, device {self.device}, best of {self.rounds} interleaved rounds)"
         )
         return "\n".join(rows)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready figures (`bench --json`)."""
+        w, h = self.input_size
+        return {
+            "model": self.model,
+            "input_size": f"{w}x{h}",
+            "device": self.device,
+            "cameras": self.batch,
+            "rounds": self.rounds,
+            "lines": [
+                {"mode": x.mode, "frames": x.frames, "seconds": round(x.seconds, 4), "fps": x.fps}
+                for x in self.lines
+            ],
+        }
 
 
 def _model_only(runner: DetectorStep, batch: torch.Tensor, batches: int) -> BenchLine:
@@ -116,36 +143,13 @@ def _naive(
     return BenchLine("naive", done, time.perf_counter() - start)
 
 
-def bench(
-    options: RunOptions,
-    *,
-    frames_per_camera: int,
-    rounds: int = 2,
-    warmup: int = 2,
-    detector: Detector | None = None,
-) -> BenchResult:
-    """Run the three measurements `rounds` times, interleaved (a, b, c, a, b, c, ...), and keep
-    each mode's fastest round: on a shared machine the noise is in one direction, and
-    interleaving exposes every mode to the same drift. `frames_per_camera` frames of each
-    camera in (b) and (c), as many batches in (a). The sources, model and settings are
-    `options`' (replay mode).
+def first_frames(cams: Sequence[CameraConfig], spec: InputSpec) -> torch.Tensor:
+    """The first frame of every camera, prepared for the model: the pre-made (N, H, W, 3)
+    uint8 batch the model-only measurements run on.
 
     Raises:
-        ConfigError: fewer than one frame per camera or one round.
+        SourceError: a camera has no frame.
     """
-    if frames_per_camera < 1 or rounds < 1:
-        raise ConfigError(
-            f"frames per camera and rounds must be >= 1, got {frames_per_camera}, {rounds}"
-        )
-    cams = resolve_cameras(options.sources)
-    config = options.pipeline()
-    detector = detector or load_model(options)
-    device = resolve_device(config.device)
-    # the engine's own steps, run synchronously: the same model set-up and precision
-    runner = DetectorStep(detector, config, device)
-    spec = detector.input
-
-    # (a)'s pre-made batch: the first frame of every camera, prepared once
     images = []
     readers = _open(cams)
     try:
@@ -157,21 +161,58 @@ def bench(
     finally:
         for r in readers:
             r.close()
-    batch = torch.from_numpy(np.stack(images))
-    for _ in range(warmup):
-        runner(batch)
-        runner(batch[:1])
+    return torch.from_numpy(np.stack(images))
 
-    lines: dict[str, list[BenchLine]] = {"model-only": [], "pipeline": [], "naive": []}
+
+def bench(
+    options: RunOptions,
+    *,
+    frames_per_camera: int,
+    rounds: int = 2,
+    warmup: int = 2,
+    detector: Detector | None = None,
+    modes: Sequence[str] = MODES,
+) -> BenchResult:
+    """Run the measurements `rounds` times, interleaved (a, b, c, a, b, c, ...), and keep
+    each mode's fastest round: on a shared machine the noise is in one direction, and
+    interleaving exposes every mode to the same drift. `frames_per_camera` frames of each
+    camera in (b) and (c), as many batches in (a). The sources, model and settings are
+    `options'` (replay mode); `modes` picks some of `MODES`.
+
+    Raises:
+        ConfigError: fewer than one frame per camera or one round, or an unknown mode.
+    """
+    if frames_per_camera < 1 or rounds < 1:
+        raise ConfigError(
+            f"frames per camera and rounds must be >= 1, got {frames_per_camera}, {rounds}"
+        )
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ConfigError(f"bench modes are {', '.join(MODES)}, got {list(modes)}")
+    cams = resolve_cameras(options.sources)
+    config = options.pipeline()
+    detector = detector or load_model(options)
+    device = resolve_device(config.device)
+    # the engine's own steps, run synchronously: the same model set-up and precision
+    runner = DetectorStep(detector, config, device)
+    spec = detector.input
+    batch = first_frames(cams, spec)  # also says at once when a camera has no frame
+    if "pipeline" not in modes or len(modes) > 1:
+        for _ in range(warmup):
+            runner(batch)
+            runner(batch[:1])
+
+    measure = {
+        "model-only": lambda: _model_only(runner, batch, frames_per_camera),
+        "pipeline": lambda: _pipeline(cams, detector, config, frames_per_camera),
+        "naive": lambda: _naive(cams, runner, spec, frames_per_camera),
+    }
+    lines: dict[str, list[BenchLine]] = {mode: [] for mode in MODES if mode in modes}
     for _ in range(rounds):
-        lines["model-only"].append(_model_only(runner, batch, frames_per_camera))
-        lines["pipeline"].append(_pipeline(cams, detector, config, frames_per_camera))
-        lines["naive"].append(_naive(cams, runner, spec, frames_per_camera))
-    best = {mode: max(found, key=lambda line: line.fps) for mode, found in lines.items()}
+        for mode, found in lines.items():
+            found.append(measure[mode]())
     return BenchResult(
-        best["model-only"],
-        best["pipeline"],
-        best["naive"],
+        tuple(max(found, key=lambda line: line.fps) for found in lines.values()),
         batch=len(cams),
         device=str(device),
         rounds=rounds,

@@ -1,0 +1,160 @@
+"""`drivepercept bench --mode ...`: one front door to the benchmarks, and their JSON.
+
+| mode       | measures                                                  | module          |
+|------------|-----------------------------------------------------------|-----------------|
+| (default)  | model-only vs replay pipeline vs naive loop, interleaved  | `benchmark`     |
+| `ceiling`  | model-only frames/s and latency per batch size            | `bench_ceiling` |
+| `pipeline` | the replay pipeline alone                                 | `benchmark`     |
+| `naive`    | the naive loop alone                                      | `benchmark`     |
+| `live`     | the rig's videos served live: frames/s, p50/p99, drops    | `bench_live`    |
+| `capacity` | the most live cameras within a latency budget             | `bench_capacity`|
+
+`--json PATH` writes the figures with the machine they were measured on, for comparing
+machines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from drivepercept import __version__
+from drivepercept.errors import ConfigError, OutputError
+from drivepercept.geometry import check_fps, parse_size
+
+if TYPE_CHECKING:  # the jobs load torch and OpenCV: imported when a benchmark runs
+    from drivepercept.run.bench_capacity import CapacityStep
+    from drivepercept.run.bench_live import SimCameras
+    from drivepercept.run.options import RunOptions
+
+BENCH_MODES = ("default", "ceiling", "pipeline", "naive", "live", "capacity")
+JSON_SCHEMA_VERSION = 1
+DEFAULT_SIZE = "640x360"
+
+
+class BenchReport(Protocol):
+    """What every benchmark returns: a table for people, a dict for `--json`."""
+
+    def table(self) -> str: ...
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """Which benchmark, and its own knobs (the model and pipeline settings are `RunOptions`).
+
+    Attributes:
+        mode: one of `BENCH_MODES`.
+        frames_per_camera, rounds: default, pipeline, naive (and ceiling's rounds).
+        fps: live (None: the rig's rate) and capacity (None: 30) camera frame rate.
+        duration_s: live's measured window (None: 15 s), capacity's per step (None: 10 s).
+        size: capacity's camera frame size, "WIDTHxHEIGHT" (None: `DEFAULT_SIZE`).
+    """
+
+    mode: str = "default"
+    frames_per_camera: int = 30
+    rounds: int = 3
+    fps: float | None = None
+    duration_s: float | None = None
+    size: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in BENCH_MODES:
+            raise ConfigError(
+                f"bench mode must be one of {', '.join(BENCH_MODES)}, got {self.mode!r}"
+            )
+        if self.fps is not None:
+            check_fps(self.fps)
+        if self.duration_s is not None and not (
+            math.isfinite(self.duration_s) and self.duration_s > 0
+        ):
+            raise ConfigError(f"duration must be > 0 s, got {self.duration_s:g}")
+        parse_size(self.size or DEFAULT_SIZE)
+
+
+def run_bench(
+    options: RunOptions,
+    request: BenchRequest,
+    *,
+    cameras: SimCameras | None = None,
+    on_step: Callable[[CapacityStep], None] | None = None,
+) -> BenchReport:
+    """Run the benchmark `request` names with `options`' model and settings.
+
+    Args:
+        options: sources (a rig; capacity renders its own cameras), model, settings, budget.
+        request: the mode and its knobs.
+        cameras: the camera server and renderer, for live and capacity (see `SimCameras`).
+        on_step: capacity's progress, each step as it is measured.
+
+    Raises:
+        ConfigError: bad input; DrivePerceptError from the run itself.
+    """
+    if request.mode in ("live", "capacity") and cameras is None:
+        raise ConfigError(f"bench --mode {request.mode} needs the camera server (SimCameras)")
+    if request.mode == "ceiling":
+        from drivepercept.run.bench_ceiling import ceiling
+
+        return ceiling(options, rounds=request.rounds)
+    if request.mode == "live":
+        from drivepercept.run.bench_live import live_bench
+
+        assert cameras is not None
+        return live_bench(options, cameras=cameras, fps=request.fps, duration_s=request.duration_s)
+    if request.mode == "capacity":
+        from drivepercept.run.bench_capacity import capacity
+
+        assert cameras is not None
+        return capacity(
+            options,
+            cameras=cameras,
+            fps=request.fps,
+            size=parse_size(request.size or DEFAULT_SIZE),
+            step_s=request.duration_s,
+            on_step=on_step,
+        )
+    from drivepercept.run.benchmark import MODES, bench
+
+    modes = MODES if request.mode == "default" else (request.mode,)
+    return bench(
+        options, frames_per_camera=request.frames_per_camera, rounds=request.rounds, modes=modes
+    )
+
+
+def machine() -> dict[str, Any]:
+    """The machine the figures were measured on (no host name: files get shared)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+    }
+
+
+def write_bench_json(path: Path, request: BenchRequest, report: BenchReport) -> None:
+    """`bench --json PATH`: the request, the machine and the figures, as one JSON object."""
+    record = {
+        "schema": JSON_SCHEMA_VERSION,
+        "drivepercept": __version__,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "mode": request.mode,
+        "machine": machine(),
+        "results": report.as_dict(),
+    }
+    try:
+        path.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
