@@ -45,10 +45,10 @@ def test_replay_mode_chooses_nothing_and_live_modes_choose_the_live_policies() -
             "drop_policy": "drop_oldest",
             "queue_capacity": 1,
             "max_in_flight": 1,
-            "ring_slots": 1,
+            "ring_slots": 2,  # one in flight, one for the next batch, made just in time
         }
     # the staging slots follow the in-flight batches the caller chose
-    assert Mode.LIVE.policies({"device": "cpu", "max_in_flight": 3})["ring_slots"] == 3
+    assert Mode.LIVE.policies({"device": "cpu", "max_in_flight": 3})["ring_slots"] == 4
 
 
 def test_the_callers_settings_win_over_the_mode_and_the_defaults_fill_the_rest() -> None:
