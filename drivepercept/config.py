@@ -60,6 +60,8 @@ class PipelineConfig:
             that cannot be compiled runs eagerly after one warning; `engine/compiled.py`).
         cuda_graphs: replay the model's forward at the rig's batch size as one CUDA graph
             (CUDA only; `engine/graphs.py`).
+        torch_threads: torch's intra-op threads for the model (process-wide, set when the
+            engine starts); 0 leaves torch's default (one per core).
     """
 
     batch_timeout_ms: float = 20.0
@@ -79,6 +81,7 @@ class PipelineConfig:
     drain_timeout_s: float = 10.0
     compile: bool = False
     cuda_graphs: bool = False
+    torch_threads: int = 0
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -116,6 +119,10 @@ class PipelineConfig:
         if not (math.isfinite(self.drain_timeout_s) and 0.0 <= self.drain_timeout_s <= 3600.0):
             raise ConfigError(
                 f"drain_timeout_s must be between 0 and 3600, got {self.drain_timeout_s:g}"
+            )
+        if not 0 <= self.torch_threads <= 1024:
+            raise ConfigError(
+                f"torch_threads must be 0 (torch's default) to 1024, got {self.torch_threads}"
             )
         if self.cuda_graphs and self.device == "cpu":
             # 'auto' that finds no GPU is refused where the device is resolved (DetectorStep)

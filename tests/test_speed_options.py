@@ -368,3 +368,26 @@ def test_graphs_and_compile_in_the_pipeline_give_eagers_detections_cuda(
         assert (cam, index) == (cam2, index2)
         assert len(boxes) == len(boxes2)
         assert torch.allclose(torch.tensor(boxes), torch.tensor(boxes2), atol=0.05)
+
+
+def test_torch_threads_are_set_when_the_engine_starts_and_checked() -> None:
+    from fakereaders import FakeReader
+
+    from drivepercept.models.oracle import make_oracle
+    from drivepercept.pipeline import Pipeline
+
+    before = torch.get_num_threads()
+    try:
+        config = PipelineConfig(device="cpu", torch_threads=1, sample_hz=0.0)
+        with Pipeline(
+            cameras=[("c", FakeReader(frames=3))],
+            detector=make_oracle(size=(64, 64)),
+            config=config,
+        ) as pipeline:
+            pipeline.run()
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert PipelineConfig().torch_threads == 0  # the default leaves torch's own choice
+    with pytest.raises(ConfigError, match="torch_threads must be 0"):
+        PipelineConfig(torch_threads=-1)

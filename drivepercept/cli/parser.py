@@ -88,6 +88,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         ("--warmup", "switch", "a full and a one-frame batch before capture (default on)"),
         ("--compile", "switch", "torch.compile the model in the warm-up (default off)"),
         ("--cuda-graphs", "switch", "replay the full batch as one CUDA graph (default off)"),
+        ("--torch-threads", int, "torch's threads for the model (default 0: one per core)"),
         ("--score-threshold", float, "default 0.3"),
         ("--queue-capacity", int, "frames waiting per camera (default 4; live 1)"),
         ("--max-frames", int, "stop each camera after N frames"),

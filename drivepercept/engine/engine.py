@@ -141,6 +141,8 @@ class InferenceEngine:
         return self._complete
 
     def start(self) -> None:
+        if self.config.torch_threads:  # process-wide: the one model of this process
+            torch.set_num_threads(self.config.torch_threads)
         self._submit.start()
         self._complete.start()
 
