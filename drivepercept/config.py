@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from drivepercept.errors import ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-_KINDS = {
+# what each kind of setting takes: (said as, accepted types); settings files use it too
+SETTING_KINDS: dict[str, tuple[str, type]] = {
     "float": ("a number", numbers.Real),
     "int": ("an integer", numbers.Integral),
     "bool": ("true or false", bool),
@@ -25,7 +26,7 @@ def _check_types(settings: object) -> None:
     type (a TOML file or a Python caller can give anything; 2 is a fine float, True is not)."""
     assert dataclasses.is_dataclass(settings)
     for f in dataclasses.fields(settings):
-        what, kind = _KINDS[str(f.type)]
+        what, kind = SETTING_KINDS[str(f.type)]
         value = getattr(settings, f.name)
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise ConfigError(f"{f.name} must be {what}, got {value!r}")

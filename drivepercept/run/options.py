@@ -6,14 +6,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drivepercept.config import PipelineConfig, ReconnectPolicy
+from drivepercept.config import SETTING_KINDS, PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml, rig_model
@@ -45,12 +44,7 @@ FILE_KEYS = PIPELINE_KEYS | RUN_KEYS | {"report", "sources"}
 # What each settings key takes. Flags are typed by argparse; a TOML file or a Python caller
 # can give anything, and a wrong type must fail here, by name, not deep in a stage.
 _Kind = tuple[str, "type | tuple[type, ...]"]
-_TYPES: dict[str, _Kind] = {
-    "float": ("a number", numbers.Real),
-    "int": ("an integer", numbers.Integral),
-    "str": ("a string", str),
-    "bool": ("true or false", bool),
-}
+_TYPES: dict[str, _Kind] = dict(SETTING_KINDS)
 _KINDS: dict[str, _Kind] = {
     **{f.name: _TYPES[getattr(f.type, "__name__", str(f.type))] for f in _PIPELINE_FIELDS},
     **dict.fromkeys(RUN_KEYS, _TYPES["str"]),

@@ -189,7 +189,11 @@ class LiveSource:
             else logging.INFO
         )
         log.log(
-            level, "camera %s: %s%s", self.camera, state.value, f" ({detail})" if detail else ""
+            level,
+            "camera %s: %s%s",
+            self.camera,
+            state.value,
+            f" ({change.detail})" if change.detail else "",
         )
 
     def _account(self, last: StateChange, until_ns: int) -> None:

@@ -13,16 +13,14 @@ A response that is not a multipart stream (an MP4 or HLS URL, a snapshot page) r
 
 from __future__ import annotations
 
-import base64
 import http.client
 import re
 import socket
-import ssl
 import time
-from http import HTTPStatus
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from drivepercept.config import ReconnectPolicy
+from drivepercept.sources.probe import basic_auth, camera_tls, http_phrase
 from drivepercept.sources.readers import RawFrame, SourceError, SourceInfo
 from drivepercept.types import CameraState, ReaderStatus
 
@@ -32,13 +30,6 @@ _BOUNDARY_RE = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 
 class NotMjpegError(SourceError):
     """The URL answers, but not with an MJPEG stream (open it with OpenCV instead)."""
-
-
-def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "unknown status"
 
 
 class MjpegReader:
@@ -79,9 +70,8 @@ class MjpegReader:
 
     def _request(self, parts: SplitResult) -> bytes:
         headers = {"User-Agent": "drivepercept", "Accept": "multipart/x-mixed-replace, */*"}
-        if parts.username is not None:
-            creds = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            headers["Authorization"] = "Basic " + base64.b64encode(creds.encode()).decode()
+        if (auth := basic_auth(parts)) is not None:
+            headers["Authorization"] = auth
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         try:
             self._conn.request("GET", target, headers=headers)
@@ -90,7 +80,7 @@ class MjpegReader:
             raise SourceError(f"cannot open {self.source}: {_why(exc)}") from None
         status = self._response.status
         if status != 200:
-            raise SourceError(f"cannot open {self.source}: HTTP {status} {_phrase(status)}")
+            raise SourceError(f"cannot open {self.source}: HTTP {status} {http_phrase(status)}")
         kind = self._response.getheader("Content-Type") or ""
         boundary = _BOUNDARY_RE.search(kind)
         if not kind.lower().startswith("multipart/") or boundary is None:
@@ -168,10 +158,7 @@ def _connection(parts: SplitResult, timeout_s: float) -> http.client.HTTPConnect
     except ValueError:
         raise SourceError(f"cannot open {parts.geturl()}: the port is not a number") from None
     if parts.scheme.lower() == "https":
-        context = ssl.create_default_context()
-        context.check_hostname = False  # as FFmpeg: cameras carry self-signed certificates
-        context.verify_mode = ssl.CERT_NONE
-        return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
+        return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=camera_tls())
     return http.client.HTTPConnection(host, port, timeout=timeout_s)
 
 

@@ -78,8 +78,12 @@ def prepare_into(image_bgr: ImageU8, spec: InputSpec, out: ImageU8) -> Letterbox
         raise ValueError(f"expected a uint8 ({dh}, {dw}, 3) row, got {out.dtype} {out.shape}")
     nw, nh = round(w * box.scale_x), round(h * box.scale_y)
     left, top = int(box.pad_x), int(box.pad_y)
-    if (nw, nh) != (dw, dh):
-        out[...] = np.asarray(spec.pad_color, np.uint8)  # the pads (all of it, then the frame)
+    if (nw, nh) != (dw, dh):  # the pads around the frame; the frame's pixels come next
+        pad = np.asarray(spec.pad_color, np.uint8)
+        out[:top] = pad
+        out[top + nh :] = pad
+        out[top : top + nh, :left] = pad
+        out[top : top + nh, left + nw :] = pad
     view = out[top : top + nh, left : left + nw]
     if (nw, nh) != (w, h):
         shrinking = nw * nh < w * h

@@ -72,6 +72,30 @@ def _target(parts: SplitResult) -> str:
     return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
+def camera_tls() -> ssl.SSLContext:
+    """TLS as FFmpeg does it by default: certificates not verified (cameras carry
+    self-signed ones), for our own readers and for the diagnosis alike."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def basic_auth(parts: SplitResult) -> str | None:
+    """The Basic `Authorization` header for a URL's credentials (None without any)."""
+    creds = _credentials(parts)
+    return _basic(*creds) if creds is not None else None
+
+
+def http_phrase(status: int, given: str = "") -> str:
+    """The standard reason phrase of an HTTP status (a server's own text may be anything;
+    it is used, cleaned, only for a status the standard does not name)."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return _clean(given) or "unknown status"
+
+
 def _credentials(parts: SplitResult) -> tuple[str, str] | None:
     if parts.username is None:
         return None
@@ -85,24 +109,17 @@ def _basic(user: str, password: str) -> str:
 def _http(sock: socket.socket, parts: SplitResult, tls: bool) -> str:
     host = parts.hostname or ""
     if tls:
-        # FFmpeg does not verify certificates unless told to: neither does its diagnosis
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        sock = context.wrap_socket(sock, server_hostname=host)
+        sock = camera_tls().wrap_socket(sock, server_hostname=host)
     conn = http.client.HTTPConnection(host, parts.port)
     conn.sock = sock
     headers = {"User-Agent": "drivepercept-probe"}
     creds = _credentials(parts)
-    if creds is not None:
-        headers["Authorization"] = _basic(*creds)
+    if (auth := basic_auth(parts)) is not None:
+        headers["Authorization"] = auth
     conn.request("GET", _target(parts), headers=headers)
     response = conn.getresponse()
     status = response.status
-    try:  # the standard phrase: a server's own reason text may be anything
-        reason = HTTPStatus(status).phrase
-    except ValueError:
-        reason = _clean(response.reason)
+    reason = http_phrase(status, response.reason)
     if status < 300:
         kind = _clean(response.getheader("Content-Type") or "no content type")
         return f"HTTP {status}, but the content ({kind}) is not a video stream FFmpeg reads"
