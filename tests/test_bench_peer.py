@@ -1,6 +1,7 @@
-"""scripts/bench_peer.py: the parts that do not need Ultralytics (argument parsing, the
-statistics, the report) and its one-line exit where Ultralytics is not installed. The
-benchmark itself runs only in the peer venv (see the script's docstring)."""
+"""scripts/bench_peer.py (its pieces in scripts/_bench_peer): the parts that do not need
+Ultralytics (argument parsing, the statistics, the report) and its one-line exit where
+Ultralytics is not installed. The benchmark itself runs only in the peer venv (see the
+script's docstring)."""
 
 from __future__ import annotations
 
@@ -10,28 +11,23 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "bench_peer.py"
+SCRIPTS = ROOT / "scripts"
+SCRIPT = SCRIPTS / "bench_peer.py"
+
+# the script's pieces live in scripts/_bench_peer, found beside the script as when it runs
+if str(SCRIPTS) not in sys.path:
+    sys.path.append(str(SCRIPTS))
+
+from _bench_peer import options, stats  # noqa: E402  (scripts/ is a folder, not a package)
+from _bench_peer.stamps import ArrivalStamps  # noqa: E402
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_peer_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bp = _load_script()
-
-
-def _round(tool: str, mode: str, n: int, fps: float, p50: float = math.nan) -> object:
-    return bp.RoundResult(
+def _round(tool: str, mode: str, n: int, fps: float, p50: float = math.nan) -> stats.RoundResult:
+    return stats.RoundResult(
         tool=tool, mode=mode, round=n, frames=100, fps=fps, p50_ms=p50, p99_ms=p50 * 2
     )
 
@@ -40,7 +36,7 @@ def _round(tool: str, mode: str, n: int, fps: float, p50: float = math.nan) -> o
 
 
 def test_defaults_are_six_streams_two_rounds_of_both_modes_at_320() -> None:
-    settings = bp.parse_args([])
+    settings = options.parse_args([])
     assert (settings.streams, settings.rounds, settings.imgsz) == (6, 2, 320)
     assert settings.modes == ("replay", "live")
     assert (settings.conf, settings.iou, settings.max_det) == (0.25, 0.7, 100)
@@ -50,7 +46,7 @@ def test_defaults_are_six_streams_two_rounds_of_both_modes_at_320() -> None:
 
 def test_flags_are_parsed_into_settings(tmp_path: Path) -> None:
     flags = "--modes live --rounds 3 --duration 20 --imgsz 416 --streams 4 --threads 1"
-    settings = bp.parse_args([*flags.split(), "--json", str(tmp_path / "x.json")])
+    settings = options.parse_args([*flags.split(), "--json", str(tmp_path / "x.json")])
     assert settings.modes == ("live",)
     assert (settings.rounds, settings.duration_s, settings.imgsz) == (3, 20.0, 416)
     assert (settings.streams, settings.threads) == (4, 1)
@@ -72,7 +68,7 @@ def test_bad_values_exit_2_naming_the_flag(
     flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        bp.parse_args(flags)
+        options.parse_args(flags)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -84,33 +80,33 @@ def test_throughput_counts_frames_after_the_first_batch_over_their_span() -> Non
     # given a first batch of 2 out at t=1 s, then 4 more frames out by t=3 s
     emitted_ns = [1_000_000_000] * 2 + [2_000_000_000] * 2 + [3_000_000_000] * 2
     # then 4 frames over 2 s
-    assert bp.throughput_fps(emitted_ns, 2) == pytest.approx(2.0)
+    assert stats.throughput_fps(emitted_ns, 2) == pytest.approx(2.0)
 
 
 def test_throughput_is_nan_without_frames_after_the_first_batch() -> None:
-    assert math.isnan(bp.throughput_fps([5, 5], 2))
-    assert math.isnan(bp.throughput_fps([], 1))
-    assert math.isnan(bp.throughput_fps([5, 5, 5], 0))
+    assert math.isnan(stats.throughput_fps([5, 5], 2))
+    assert math.isnan(stats.throughput_fps([], 1))
+    assert math.isnan(stats.throughput_fps([5, 5, 5], 0))
 
 
 def test_percentiles_interpolate_and_are_nan_when_empty() -> None:
     values = [float(v) for v in range(1, 101)]
-    assert bp.percentile_ms(values, 50) == pytest.approx(50.5)
-    assert bp.percentile_ms(values, 99) == pytest.approx(99.01)
-    assert math.isnan(bp.percentile_ms([], 50))
+    assert stats.percentile_ms(values, 50) == pytest.approx(50.5)
+    assert stats.percentile_ms(values, 99) == pytest.approx(99.01)
+    assert math.isnan(stats.percentile_ms([], 50))
 
 
 def test_best_is_the_max_for_rates_and_the_min_for_latencies() -> None:
-    assert bp.best_and_median([3.0, 1.0, 2.0, math.nan], higher_is_better=True) == (3.0, 2.0)
-    assert bp.best_and_median([3.0, 1.0, 2.0], higher_is_better=False) == (1.0, 2.0)
-    best, median = bp.best_and_median([math.nan], higher_is_better=True)
+    assert stats.best_and_median([3.0, 1.0, 2.0, math.nan], higher_is_better=True) == (3.0, 2.0)
+    assert stats.best_and_median([3.0, 1.0, 2.0], higher_is_better=False) == (1.0, 2.0)
+    best, median = stats.best_and_median([math.nan], higher_is_better=True)
     assert math.isnan(best) and math.isnan(median)
 
 
 def test_ratio_is_ours_over_peer_and_nan_when_undefined() -> None:
-    assert bp.ratio(30.0, 20.0) == pytest.approx(1.5)
-    assert math.isnan(bp.ratio(30.0, 0.0))
-    assert math.isnan(bp.ratio(math.nan, 20.0))
+    assert stats.ratio(30.0, 20.0) == pytest.approx(1.5)
+    assert math.isnan(stats.ratio(30.0, 0.0))
+    assert math.isnan(stats.ratio(math.nan, 20.0))
 
 
 def test_summary_gives_best_median_and_ratios_per_mode() -> None:
@@ -126,7 +122,7 @@ def test_summary_gives_best_median_and_ratios_per_mode() -> None:
         _round("ours", "live", 2, 12.0, p50=60.0),
     ]
     # when summarised
-    summary = bp.summarise(rounds)
+    summary = stats.summarise(rounds)
     # then replay has throughput only, live has latency too
     assert set(summary["replay"]) == {"fps"}
     assert set(summary["live"]) == {"fps", "p50_ms", "p99_ms"}
@@ -139,20 +135,20 @@ def test_summary_gives_best_median_and_ratios_per_mode() -> None:
     assert (p50["peer_best"], p50["ours_best"]) == (100.0, 60.0)
     assert p50["ratio_best"] == pytest.approx(0.6)
     # and the table shows every round and every summary line
-    lines = bp.table(rounds, summary)
+    lines = stats.table(rounds, summary)
     assert sum(1 for line in lines if line.startswith(("replay", "live"))) == 8 + 4
 
 
 def test_count_agreement_compares_frames_both_tools_processed() -> None:
     peer = {(0, 0): 3, (0, 1): 5, (1, 0): 2}
     ours = {(0, 0): 3, (0, 1): 6, (1, 0): 2, (1, 1): 9}
-    text = bp.count_agreement(peer, ours)
+    text = stats.count_agreement(peer, ours)
     assert "equal in 67 %" in text
     assert "within 1 in 100 % of 3 frames" in text
 
 
 def test_arrival_stamps_are_taken_once_by_object() -> None:
-    stamps = bp.ArrivalStamps()
+    stamps = ArrivalStamps()
     frame, other = object(), object()
     stamps.put(frame, 123)
     assert stamps.take(other) is None

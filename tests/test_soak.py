@@ -1,6 +1,6 @@
-"""scripts/soak.py: its pure measurements on made-up figures (fast), and the soak itself: 6
-served cameras live at 15 fps for 10 minutes with the default model (slow; the duration is
-DRIVEPERCEPT_SOAK_S seconds when set)."""
+"""scripts/soak.py: its pure measurements (scripts/_soak) on made-up figures (fast), and the
+soak itself: 6 served cameras live at 15 fps for 10 minutes with the default model (slow; the
+duration is DRIVEPERCEPT_SOAK_S seconds when set)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,15 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "soak.py"
+SCRIPTS = ROOT / "scripts"
+SCRIPT = SCRIPTS / "soak.py"
 SOAK_S = float(os.environ.get("DRIVEPERCEPT_SOAK_S", "600"))
+
+# the script's pieces live in scripts/_soak, found beside the script as when it runs
+if str(SCRIPTS) not in sys.path:
+    sys.path.append(str(SCRIPTS))
+
+from _soak import measure, sampling  # noqa: E402  (scripts/ is a folder, not a package)
 
 
 def _load_script() -> ModuleType:
@@ -43,7 +50,7 @@ def test_latency_windows_take_p99_of_the_first_and_last_minute() -> None:
     e2e = np.where(t_s >= 540, 200.0, 100.0)
     capture_ns = (5_000_000_000 + t_s * 1e9).astype(np.int64)
     # when the windows are measured
-    got = soak.latency_windows(capture_ns.tolist(), e2e.tolist(), window_s=60.0)
+    got = measure.latency_windows(capture_ns.tolist(), e2e.tolist(), window_s=60.0)
     # then the first minute is 100 ms, the last 200 ms (its frames only), ratio 2
     assert got.window_s == 60.0
     assert got.first_p99_ms == pytest.approx(100.0)
@@ -58,7 +65,7 @@ def test_latency_windows_of_a_short_run_are_a_third_of_it_and_do_not_overlap() -
     order = np.random.default_rng(1).permutation(t_s.size)
     capture_ns = (t_s[order] * 1e9).astype(np.int64).tolist()
     e2e = (100.0 + t_s[order]).tolist()
-    got = soak.latency_windows(capture_ns, e2e, window_s=60.0)
+    got = measure.latency_windows(capture_ns, e2e, window_s=60.0)
     # then each window is 29.8 s (a third of the 89.5 s span) and p99 comes from its frames
     assert got.window_s == pytest.approx(89.5 / 3)
     assert got.first_frames == got.last_frames == 60
@@ -68,30 +75,30 @@ def test_latency_windows_of_a_short_run_are_a_third_of_it_and_do_not_overlap() -
 
 def test_latency_windows_reject_mismatched_or_empty_tables() -> None:
     with pytest.raises(ValueError, match="expected as many latencies"):
-        soak.latency_windows([1, 2], [1.0], window_s=60.0)
+        measure.latency_windows([1, 2], [1.0], window_s=60.0)
     with pytest.raises(ValueError, match="expected as many latencies"):
-        soak.latency_windows([], [], window_s=60.0)
+        measure.latency_windows([], [], window_s=60.0)
 
 
 def test_a_zero_first_window_makes_a_failing_nan_ratio() -> None:
-    windows = soak.LatencyWindows(60.0, 0.0, 5.0, 10, 10)
+    windows = measure.LatencyWindows(60.0, 0.0, 5.0, 10, 10)
     assert math.isnan(windows.ratio)
 
 
 def test_rss_growth_runs_from_the_end_of_warm_up_to_the_last_sample() -> None:
     samples = [(0.0, 500.0), (30.0, 800.0), (60.0, 900.0), (300.0, 910.0), (600.0, 930.0)]
-    got = soak.rss_growth(samples, warmup_s=60.0)
+    got = measure.rss_growth(samples, warmup_s=60.0)
     assert (got.after_warmup_mb, got.end_mb, got.max_mb) == (900.0, 930.0, 930.0)
     assert got.growth_mb == pytest.approx(30.0)
     with pytest.raises(ValueError, match="expected a sample at or after 700 s"):
-        soak.rss_growth(samples, warmup_s=700.0)
+        measure.rss_growth(samples, warmup_s=700.0)
 
 
 def test_warm_up_is_a_minute_or_a_tenth_of_a_short_run() -> None:
-    assert soak.warmup_s_for(600.0) == 60.0
-    assert soak.warmup_s_for(3600.0) == 60.0
-    assert soak.warmup_s_for(90.0) == pytest.approx(9.0)
-    assert soak.warmup_s_for(90.0, 20.0) == 20.0
+    assert measure.warmup_s_for(600.0) == 60.0
+    assert measure.warmup_s_for(3600.0) == 60.0
+    assert measure.warmup_s_for(90.0) == pytest.approx(9.0)
+    assert measure.warmup_s_for(90.0, 20.0) == 20.0
 
 
 def _account(**kw: int) -> Any:
@@ -104,7 +111,7 @@ def _account(**kw: int) -> Any:
         "connects": 1,
         "tolerance": 3,
     }
-    return soak.Accounting(camera="front", **{**figures, **kw})
+    return measure.Accounting(camera="front", **{**figures, **kw})
 
 
 def test_accounting_balances_served_against_processed_dropped_and_unread() -> None:
@@ -123,21 +130,21 @@ def test_accounting_balances_served_against_processed_dropped_and_unread() -> No
 
 def test_thread_check_names_new_and_vanished_threads() -> None:
     before = ("MainThread", "serve-front", "serve-http")
-    same = soak.ThreadCheck(before, before, 20, 20, 30, 50)
+    same = measure.ThreadCheck(before, before, 20, 20, 30, 50)
     assert same.passed and not same.leaked
-    leak = soak.ThreadCheck(before, (*before, "decode-front"), 20, 21, 30, 50)
+    leak = measure.ThreadCheck(before, (*before, "decode-front"), 20, 21, 30, 50)
     assert leak.leaked == ["decode-front"] and not leak.passed
-    gone = soak.ThreadCheck(before, before[:2], 20, 19, 30, 50)
+    gone = measure.ThreadCheck(before, before[:2], 20, 19, 30, 50)
     assert gone.gone == ["serve-http"] and not gone.passed
-    native = soak.ThreadCheck(before, before, 20, 23, 30, 50)
+    native = measure.ThreadCheck(before, before, 20, 23, 30, 50)
     assert not native.passed
 
 
 def test_criteria_fail_on_each_measurement_alone() -> None:
-    ok_threads = soak.ThreadCheck(("MainThread",), ("MainThread",), 9, 9, 20, 40)
-    ok_rss = soak.RssGrowth(60.0, 900.0, 920.0, 925.0)
-    ok_latency = soak.LatencyWindows(60.0, 400.0, 440.0, 900, 900)
-    base = {
+    ok_threads = measure.ThreadCheck(("MainThread",), ("MainThread",), 9, 9, 20, 40)
+    ok_rss = measure.RssGrowth(60.0, 900.0, 920.0, 925.0)
+    ok_latency = measure.LatencyWindows(60.0, 400.0, 440.0, 900, 900)
+    base: dict[str, Any] = {
         "threads": ok_threads,
         "rss": ok_rss,
         "latency": ok_latency,
@@ -147,40 +154,40 @@ def test_criteria_fail_on_each_measurement_alone() -> None:
         "run_status": "complete",
         "threads_not_stopped": [],
     }
-    assert all(c.passed for c in soak.criteria(**base))
-    bad = {
+    assert all(c.passed for c in measure.criteria(**base))
+    bad: dict[str, Any] = {
         "run_status": "interrupted",
         "threads_not_stopped": ["batcher"],
-        "threads": soak.ThreadCheck(("MainThread",), ("MainThread", "x"), 9, 10, 20, 40),
-        "rss": soak.RssGrowth(60.0, 900.0, 950.0, 950.0),
-        "latency": soak.LatencyWindows(60.0, 400.0, 481.0, 900, 900),
+        "threads": measure.ThreadCheck(("MainThread",), ("MainThread", "x"), 9, 10, 20, 40),
+        "rss": measure.RssGrowth(60.0, 900.0, 950.0, 950.0),
+        "latency": measure.LatencyWindows(60.0, 400.0, 481.0, 900, 900),
         "accounting": [_account(read=8000, dropped=5300)],
     }
     for key, value in bad.items():
-        failed = [c.name for c in soak.criteria(**{**base, key: value}) if not c.passed]
+        failed = [c.name for c in measure.criteria(**{**base, key: value}) if not c.passed]
         assert len(failed) == (2 if key == "threads" else 1), (key, failed)
 
 
 def test_cameras_reuse_clips_under_new_names() -> None:
     clips = [("front", Path("f.mp4")), ("back", Path("b.mp4"))]
-    got = soak.camera_pairs(clips, 5)
+    got = measure.camera_pairs(clips, 5)
     assert [n for n, _ in got] == ["front", "back", "front-2", "back-2", "front-3"]
     assert [p.name for _, p in got] == ["f.mp4", "b.mp4", "f.mp4", "b.mp4", "f.mp4"]
-    assert soak.camera_pairs(clips, 1) == clips[:1]
+    assert measure.camera_pairs(clips, 1) == clips[:1]
 
 
 def test_backlog_in_transit_is_summed_up_per_camera() -> None:
     samples = [
-        soak.Sample(
+        sampling.Sample(
             5.0 * k,
             900.0,
             20,
             40,
-            (soak.CameraSample("front", 75 * k + d, 75 * k, 0, 0, "streaming"),),
+            (sampling.CameraSample("front", 75 * k + d, 75 * k, 0, 0, "streaming"),),
         )
         for k, d in enumerate((0, 2, 0, 1))
     ]
-    assert soak.in_transit(samples) == {"front": {"max": 2, "median": 0, "samples": 4}}
+    assert sampling.in_transit(samples) == {"front": {"max": 2, "median": 0, "samples": 4}}
 
 
 def test_bad_durations_are_refused_before_anything_starts(

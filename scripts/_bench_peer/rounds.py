@@ -1,0 +1,294 @@
+"""bench_peer's rounds: one round of each tool in each mode, and every round, interleaved."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import csv
+import logging
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from _bench_peer.network import (
+    YoloAsDetector,
+    _Ultralytics,
+    build_network,
+    calibrate,
+    calibration_frames,
+    settle_norms,
+)
+from _bench_peer.options import TOOLS, Settings
+from _bench_peer.process import Globals, _get_threads, _set_threads
+from _bench_peer.stamps import ArrivalStamps, stamped_loader
+from _bench_peer.stats import (
+    RoundResult,
+    count_agreement,
+    percentile_ms,
+    summarise,
+    throughput_fps,
+)
+from _bench_peer.streams import clip_paths, decodable_frames, jpeg_decode_ms, streams_file
+
+if TYPE_CHECKING:
+    from drivepercept.models.base import Detector
+    from drivepercept.sim.serve import CameraServer
+
+log = logging.getLogger("bench_peer")
+
+
+# ---------------------------------------------------------------------- one round of each
+
+
+@dataclass
+class Bench:
+    """Everything the rounds share."""
+
+    settings: Settings
+    peer: _Ultralytics
+    yolo: Any
+    detector: Detector
+    globals: Globals
+    work: Path
+    clips: list[Path]
+    replay_frames: int
+    server: CameraServer | None = None
+    live_urls: list[str] = field(default_factory=list)
+    # detections per (stream, frame) of the last peer replay, to check ours against
+    peer_counts: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def peer_round(self, mode: str, number: int) -> RoundResult:
+        s = self.settings
+        self.globals.for_peer()
+        # a fresh Ultralytics model object around a fresh copy of the network each round, so
+        # that every round starts as in a new process (predictor, callbacks, threads)
+        yolo = build_network(self.peer)
+        yolo.model = copy.deepcopy(self.yolo.model)
+        if s.threads:
+            yolo.add_callback("on_predict_start", lambda _p: _set_threads(s.threads))
+        live = mode == "live"
+        sources = self.live_urls if live else [str(p) for p in self.clips]
+        source = streams_file(self.work, sources)
+        wanted = len(sources) * self.replay_frames
+        stamps = ArrivalStamps()
+        sent_before = self._sent()
+        counts: dict[tuple[int, int], int] = {}
+        emitted: list[int] = []
+        latencies: list[float] = []
+        detections = 0
+        threads = 0
+        started = time.monotonic()
+        with stamped_loader(self.peer, stamps) if live else contextlib.nullcontext():
+            results = yolo.predict(
+                source=str(source),
+                stream=True,
+                imgsz=s.imgsz,
+                conf=s.conf,
+                iou=s.iou,
+                max_det=s.max_det,
+                device="cpu",
+                stream_buffer=not live,  # replay: every frame; live: the newest
+                verbose=False,
+            )
+            try:
+                for result in results:
+                    now = time.monotonic_ns()
+                    emitted.append(now)
+                    detections += len(result.boxes)
+                    if not live:  # a batch is one frame of each stream, in stream order
+                        k = len(emitted) - 1
+                        counts[(k % len(sources), k // len(sources))] = len(result.boxes)
+                    arrived = stamps.take(result.orig_img) if live else None
+                    if len(emitted) == 1:
+                        threads = _get_threads()
+                    if arrived is not None and len(emitted) > len(sources):
+                        latencies.append((now - arrived) / 1e6)
+                    if not live and len(emitted) >= wanted:
+                        break
+                    if live and len(emitted) > len(sources):
+                        first_batch_ns = emitted[len(sources) - 1]
+                        if now - first_batch_ns >= s.duration_s * 1e9:
+                            break
+            finally:
+                results.close()
+                dataset = getattr(yolo.predictor, "dataset", None)
+                if dataset is not None and hasattr(dataset, "close"):
+                    dataset.close()
+        wall_s = time.monotonic() - started
+        if not live:
+            self.peer_counts = counts
+        after = len(emitted) - len(sources)
+        note = ""
+        if live and len(latencies) < after:
+            note = f"{after - len(latencies)} frames without an arrival stamp"
+        if not live and len(emitted) != wanted:
+            note = f"expected {wanted} frames, got {len(emitted)}"
+        return RoundResult(
+            tool="peer",
+            mode=mode,
+            round=number,
+            frames=len(emitted),
+            fps=throughput_fps(emitted, len(sources)),
+            p50_ms=percentile_ms(latencies, 50) if live else math.nan,
+            p99_ms=percentile_ms(latencies, 99) if live else math.nan,
+            delivered=self._sent() - sent_before if live else 0,
+            detections_per_frame=detections / len(emitted) if emitted else math.nan,
+            torch_threads=threads,
+            wall_s=wall_s,
+            note=note,
+        )
+
+    def ours_round(self, mode: str, number: int) -> RoundResult:
+        from drivepercept.run import Mode, RunOptions, run
+
+        s = self.settings
+        self.globals.for_ours()
+        live = mode == "live"
+        sources = self.live_urls if live else [str(p) for p in self.clips]
+        settings: dict[str, Any] = {
+            "device": "cpu",
+            "score_threshold": s.conf,
+            "iou_threshold": s.iou,
+            "max_detections": s.max_det,
+        }
+        if not live:
+            settings["max_frames"] = self.replay_frames
+        options = RunOptions(
+            sources=tuple(f"cam{i}={src}" for i, src in enumerate(sources)),
+            mode=Mode.LIVE if live else Mode.REPLAY,
+            model="ultralytics-yolov8n",
+            settings=settings,
+            out_root=self.work / "runs",
+            name=f"{mode}-ours-{number}",
+            report_formats=(),
+            duration_s=s.duration_s if live else None,
+        )
+        sent_before = self._sent()
+        threads = _get_threads()
+        started = time.monotonic()
+        result = run(options, detector=self.detector)
+        wall_s = time.monotonic() - started
+        rows = _frames_csv(result.run_dir / "frames.csv")
+        rows.sort(key=lambda r: int(r["emitted_ns"]))
+        emitted = [int(r["emitted_ns"]) for r in rows]
+        first_batch = min((int(r["batch_index"]) for r in rows), default=0)
+        in_first = sum(1 for r in rows if int(r["batch_index"]) == first_batch)
+        later = [float(r["end_to_end_ms"]) for r in rows if int(r["batch_index"]) != first_batch]
+        failure = result.failure()
+        wanted = len(sources) * self.replay_frames
+        note = failure or ""
+        if not live and len(rows) != wanted:
+            note = f"expected {wanted} frames, got {len(rows)}" + (f"; {note}" if note else "")
+        if not live and self.peer_counts:
+            ours_counts = {
+                (int(r["camera_index"]), int(r["frame_index"])): int(r["detections"]) for r in rows
+            }
+            note = (note + "; " if note else "") + count_agreement(self.peer_counts, ours_counts)
+        return RoundResult(
+            tool="ours",
+            mode=mode,
+            round=number,
+            frames=len(rows),
+            fps=throughput_fps(emitted, in_first),
+            p50_ms=percentile_ms(later, 50) if live else math.nan,
+            p99_ms=percentile_ms(later, 99) if live else math.nan,
+            delivered=self._sent() - sent_before if live else 0,
+            detections_per_frame=(
+                sum(int(r["detections"]) for r in rows) / len(rows) if rows else math.nan
+            ),
+            torch_threads=threads,
+            wall_s=wall_s,
+            note=note,
+        )
+
+    def _sent(self) -> int:
+        if self.server is None:
+            return 0
+        return sum(self.server.frames_sent(f"cam{i}") for i in range(len(self.live_urls)))
+
+
+def _frames_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def versions(peer: _Ultralytics) -> dict[str, str]:
+    import cv2
+    import torch
+    import torchvision
+
+    return {
+        "python": platform.python_version(),
+        "ultralytics": peer.version,
+        "torch": str(torch.__version__),
+        "torchvision": str(torchvision.__version__),
+        "opencv": str(cv2.__version__),
+        "numpy": str(np.__version__),
+        "cpus": str(os.cpu_count()),
+    }
+
+
+# ---------------------------------------------------------------------- every round
+
+
+def bench(settings: Settings, peer: _Ultralytics, globals_: Globals, work: Path) -> dict[str, Any]:
+    """Every round, interleaved per mode (peer, ours, peer, ours, ...); the JSON record."""
+    from drivepercept.sim.serve import CameraServer
+
+    clips = clip_paths(settings.videos, settings.streams)
+    shortest = min(decodable_frames(p) for p in dict.fromkeys(clips))
+    replay_frames = settings.replay_frames or shortest
+    if replay_frames > shortest:
+        raise ValueError(f"--replay-frames must be <= {shortest} (the shortest clip)")
+    yolo = build_network(peer)
+    net = yolo.model
+    names = [yolo.names[i] for i in range(len(yolo.names))]
+    detector = YoloAsDetector.build(net, names, settings.imgsz)
+    frames = calibration_frames(clips, detector)
+    settle_norms(net, frames)
+    calibration = calibrate(net, frames, conf=settings.conf, candidates=settings.candidates)
+    # Ultralytics deep-copies the model it is given in every predictor set-up, so it never
+    # runs the object itself; its rounds copy this copy of the finished network, made before
+    # any round, so that what drivepercept sets on `net` (channels_last) stays on ours.
+    yolo.model = copy.deepcopy(net)
+    params = sum(p.numel() for p in net.parameters())
+    log.info("YOLOv8n: %.2f M parameters; calibration %s", params / 1e6, calibration)
+    state = Bench(settings, peer, yolo, detector, globals_, work, clips, replay_frames)
+    rounds: list[RoundResult] = []
+    for mode in settings.modes:
+        server_cm: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if mode == "live":
+            server_cm = CameraServer(
+                [(f"cam{i}", p) for i, p in enumerate(clips)], fps=settings.fps
+            )
+        with server_cm as server:
+            if server is not None:
+                state.server = server
+                state.live_urls = [server.url(f"cam{i}") for i in range(len(clips))]
+            for number in range(1, settings.rounds + 1):
+                for tool in TOOLS:
+                    load = os.getloadavg()[0]
+                    log.info("%s round %d: %s (load %.1f)", mode, number, tool, load)
+                    runner = state.peer_round if tool == "peer" else state.ours_round
+                    result = runner(mode, number)
+                    log.info("  -> %s", result)
+                    rounds.append(result)
+            state.server = None
+    summary = summarise(rounds)
+    return {
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
+        "versions": versions(peer),
+        "network": {"parameters": params, "imgsz": settings.imgsz, **calibration},
+        "streams": [str(p) for p in clips],
+        "replay_frames_per_stream": replay_frames,
+        "torch_threads_default": globals_.torch_threads,
+        "peer_jpeg_decode_ms": jpeg_decode_ms(clips),
+        "rounds": [asdict(r) for r in rounds],
+        "summary": summary,
+    }
