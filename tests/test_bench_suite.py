@@ -4,11 +4,13 @@ project's camera server."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,8 +27,9 @@ from drivepercept.run.bench_capacity import (
     search_capacity,
 )
 from drivepercept.run.bench_ceiling import CeilingLine, CeilingResult
-from drivepercept.run.bench_live import LiveStep, live_bench, measure_live
-from drivepercept.run.benchmark import BenchLine, BenchResult
+from drivepercept.run.bench_live import LiveResult, LiveStep, live_bench, measure_live
+from drivepercept.run.benchmark import BenchLine, BenchResult, SpeedOptions
+from drivepercept.telemetry.loadwatch import LoadFigures
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_RIG = ROOT / "sample_videos" / "rig.toml"
@@ -149,7 +152,8 @@ def test_capacity_table_has_a_line_per_step_and_the_answer() -> None:
     assert lines[0].startswith("capacity: 640x360 cameras at 15 fps, p99 < 100 ms")
     assert lines[1] == "model yolox-nano, input 416x256, device cpu"
     assert lines[2].split()[:3] == ["cameras", "frames/s", "target"]
-    assert lines[3].split() == ["1", "15.0", "15.0", "30.0", "60.0", "0.0%", "pass"]
+    # (no load figures in these made-up steps: n/a, never a made-up zero)
+    assert lines[3].split() == ["1", "15.0", "15.0", "30.0", "60.0", "0.0%", "n/a", "n/a", "pass"]
     assert lines[5].split()[:2] == ["4", "60.0"] and "FAIL: p99 150 >= 100 ms" in lines[5]
     assert lines[6].split()[:2] == ["4", "again"] and "FAIL: p99 150 >= 100 ms" in lines[6]
     assert lines[-1].startswith("capacity: 2 camera(s)")
@@ -198,8 +202,62 @@ def test_a_single_mode_table_has_no_ratios() -> None:
     result = BenchResult((BenchLine("pipeline", 60, 2.0),), batch=6, device="cpu")
     assert "pipeline / " not in result.table()
     assert result.as_dict()["lines"] == [
-        {"mode": "pipeline", "frames": 60, "seconds": 2.0, "fps": 30.0}
+        {"mode": "pipeline", "frames": 60, "seconds": 2.0, "fps": 30.0, "load": None}
     ]
+
+
+SPEED = SpeedOptions("fp16", True, True, False, 0, 16, ("compile: no compiler here",))
+LOAD = LoadFigures(42, 10.0, 45.0, 80.0, 2100.0, 110.0, 130.0)
+
+
+def test_every_table_says_its_speed_options_and_load() -> None:
+    # given each benchmark's result with the speed options and load it was measured with
+    step = LiveStep(6, 15.0, 6.0, 540, 0, 20.0, 35.0, LOAD)
+    _, steps = search_capacity(lambda n: dataclasses.replace(step, cameras=n), Verdict(100.0))
+    results: list[Any] = [
+        BenchResult((BenchLine("pipeline", 60, 2.0, LOAD),), batch=6, device="cuda:0", speed=SPEED),
+        CeilingResult(
+            (CeilingLine(1, 10, 500.0, 2.0, 3.0),),
+            model="m",
+            input_size=(448, 256),
+            device="cuda:0",
+            precision="fp16",
+            rounds=2,
+            speed=SPEED,
+            load=LOAD,
+        ),
+        LiveResult(step, "m", (448, 256), "cuda:0", SPEED),
+        dataclasses.replace(_capacity_result(), steps=steps, speed=SPEED),
+    ]
+    speed_line = (
+        "speed: fp16, channels_last on, compile on, cuda graphs off, torch threads 16 "
+        "(torch's default); ran eagerly: compile: no compiler here"
+    )
+    for result in results:
+        # then the table's header says them, before any figure
+        rows = result.table().splitlines()
+        assert speed_line in rows[:3], rows
+        figures = result.as_dict()
+        assert figures["speed"] == {
+            "precision": "fp16",
+            "channels_last": True,
+            "compile": True,
+            "cuda_graphs": False,
+            "torch_threads": 0,
+            "torch_threads_used": 16,
+            "fallbacks": ["compile: no compiler here"],
+        }
+        # and the load: GPU utilization mean/max, memory, CPU, in the table and the JSON
+        text = result.table()
+        assert "45/80" in text or "GPU util 45.0 % mean, 80.0 % max" in text, text
+        json.dumps(figures, allow_nan=False)
+    bench, ceiling, live, cap = (r.as_dict() for r in results)
+    assert bench["lines"][0]["load"]["gpu_util_max_pct"] == 80.0
+    assert ceiling["load"]["gpu_mem_max_mb"] == 2100.0
+    assert live["load"]["process_cpu_mean_pct"] == 110.0
+    assert cap["steps"][0]["load"]["gpu_util_mean_pct"] == 45.0
+    assert results[0].table().splitlines()[2].split()[4:] == ["GPU", "%", "GPU", "MB", "CPU", "%"]
+    assert results[0].table().splitlines()[3].split()[4:] == ["45/80", "2100", "110"]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -261,9 +319,16 @@ def test_ceiling_and_pipeline_modes_on_the_cli(
         ]
     )
     assert code == 0, err
-    lines = json.loads((tmp_path / "c.json").read_text())["results"]["lines"]
+    results = json.loads((tmp_path / "c.json").read_text())["results"]
+    lines = results["lines"]
     assert [x["batch"] for x in lines] == [1, 2, 3, 4, 5, 6]
     assert all(x["fps"] > 0 and 0 < x["p50_ms"] <= x["p99_ms"] for x in lines)
+    # the speed options it ran with, and the load: no GPU here, so null and why
+    assert results["speed"]["precision"] == "fp32" and results["speed"]["torch_threads_used"] >= 1
+    load = results["load"]
+    if load["samples"]:  # the oracle may finish inside one sampler interval
+        assert load["gpu_util_mean_pct"] is None and load["process_cpu_mean_pct"] is not None
+    assert load["gpu_unavailable"] == "the run did not use a GPU"
     code, err = in_process(
         ["bench", str(SAMPLE_RIG), "--mode", "pipeline", "--frames", "2", "--rounds", "1", *FAST]
     )
@@ -309,6 +374,9 @@ def test_a_live_measurement_of_served_cameras() -> None:
     assert step.frames > 20 and 10 < step.achieved_fps < 40
     assert 0 < step.p50_ms <= step.p99_ms < 2000
     assert 0 <= step.drop_share < 0.5
+    # and the load sampler watched the window (the run's own sampler was off: one sampler)
+    assert step.load is not None and step.load.samples >= 10
+    assert step.load.process_cpu_mean_pct is not None and step.load.gpu_util_mean_pct is None
 
 
 @pytest.mark.slow

@@ -25,6 +25,20 @@ def _code_lines() -> list[str]:
     return [line.split("#", 1)[0] for line in SCRIPT.read_text().splitlines()]
 
 
+# what the step names' variables are in a dry run (the script sets them)
+DRY_RUN_NAMES = {
+    "$HALF": "bf16",
+    "$HD_SIZE": "320x180",
+    "$SPEED_FLAGS": "--no-compile --no-cuda-graphs",
+}
+
+
+def _dry_run_name(name: str) -> str:
+    for variable, value in DRY_RUN_NAMES.items():
+        name = name.replace(variable, value)
+    return name
+
+
 def _steps() -> list[tuple[str, int]]:
     steps = []
     for line in _code_lines():
@@ -48,7 +62,7 @@ def test_step_limits_with_their_kill_grace_add_up_to_at_most_480_s() -> None:
     assert 'timeout -k "$KILL_AFTER" "$limit"' in text
 
 
-@pytest.mark.slow  # 70-95 s: the whole script on the CPU; the step limits are checked above
+@pytest.mark.slow  # 2-3 min: the whole script on the CPU; the step limits are checked above
 @pytest.mark.integration
 def test_dry_run_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path / "out")}
@@ -63,17 +77,28 @@ def test_dry_run_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert proc.returncode == 0, log[-4000:]
     for name, _ in _steps():
-        name = name.replace("$HALF", "bf16")
+        name = _dry_run_name(name)
+        assert "$" not in name, name  # a variable DRY_RUN_NAMES does not know
         assert re.search(rf"== {re.escape(name)}: exit 0 after \d+ s", log), name
     assert "gpu_check: passed" in log
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert re.search(r"replay-fp32: 36 frames", summary), summary
     assert "warm-up [{'batch_size': 6" in summary
+    # every bench says its speed options and the load it saw (no GPU here: n/a, and why)
+    benches = ("ssdlite-bf16", "yolox-nano-bf16", "hd-ceiling", "hd-pipeline", "hd-speed")
+    for bench in (*benches, "hd-live", "hd-capacity"):
+        head = rf"^bench-{bench} \(\w+\): bf16, channels_last True, compile False"
+        assert re.search(head, summary, re.M), bench
+    assert "  best batch " in summary and "  capacity 0 camera(s) at 320x180" in summary
+    assert "GPU n/a (the run did not use a GPU), CPU " in summary
+    assert "speed: bf16, channels_last on, compile off, cuda graphs off" in summary
     with tarfile.open(tmp_path / "out" / "results.tgz") as tar:
         names = tar.getnames()
     for run in ("replay-fp32", "replay-bf16", "live"):
         assert f"results/{run}/summary.json" in names, names
     assert "results/replay-fp32/compare-replay-bf16.html" in names, names
+    for bench in (*benches, "hd-live", "hd-capacity"):
+        assert f"results/bench-{bench}.json" in names, names
     # no more files than the device tool brings back (8)
     assert len(list((tmp_path / "out").iterdir())) <= 8
 

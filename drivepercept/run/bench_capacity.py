@@ -25,6 +25,10 @@ The search, and why it repeats itself to within one camera:
   frames over it, and a frame or two at the window's edges moves the drop share and the
   frame rate by well under their thresholds.
 
+Each step's row shows the load over its window (GPU utilization mean/max and this process's
+CPU, see `bench_live`), so a count that stops short of the budget says whether the GPU or the
+CPU was the one that filled up.
+
 So only the count at the edge of the budget is in doubt, and a rerun gives the same count or
 one next to it. Run time: render (10-20 s on 2 cores) + about 15-20 s per step (connect and
 warm up, 12 s measured and settling, drain) x 5-8 steps: 2 to 3 minutes at 640x360.
@@ -51,8 +55,10 @@ from drivepercept.run.bench_live import (
     SimCameras,
     measure_live,
 )
+from drivepercept.run.benchmark import SpeedOptions
 from drivepercept.run.job import load_model
 from drivepercept.run.options import RunOptions
+from drivepercept.telemetry.loadwatch import NA
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +98,11 @@ class Verdict:
         return ", ".join(misses)
 
 
-HEADER = f"{'cameras':>9} {'frames/s':>8} {'target':>7} {'p50 ms':>7} {'p99 ms':>7} {'dropped':>8}"
+HEADER = (
+    f"{'cameras':>9} {'frames/s':>8} {'target':>7} {'p50 ms':>7} {'p99 ms':>7} {'dropped':>8} "
+    f"{'GPU %':>7} {'CPU %':>6}"
+)
+LOAD_NOTE = "(GPU %: NVML utilization mean/max; CPU %: this process's mean, 100 = one core)"
 
 
 @dataclass(frozen=True)
@@ -109,9 +119,10 @@ class CapacityStep:
         s = self.step
         cameras = f"{s.cameras}{' again' if self.attempt > 1 else ''}"
         verdict = "pass" if self.passed else f"FAIL: {self.why_not}"
+        gpu, cpu = (s.load.gpu_util_cell, s.load.cpu_cell) if s.load else (NA, NA)
         return (
             f"{cameras:>9} {s.achieved_fps:>8.1f} {s.target_fps:>7.1f} {s.p50_ms:>7.1f} "
-            f"{s.p99_ms:>7.1f} {s.drop_share:>8.1%}  {verdict}"
+            f"{s.p99_ms:>7.1f} {s.drop_share:>8.1%} {gpu:>7} {cpu:>6}  {verdict}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -179,6 +190,7 @@ class CapacityResult:
     device: str
     step_s: float
     elapsed_s: float
+    speed: SpeedOptions | None = None
 
     def table(self) -> str:
         (w, h), (iw, ih) = self.size, self.input_size
@@ -186,8 +198,10 @@ class CapacityResult:
             f"capacity: {w}x{h} cameras at {self.fps:g} fps, p99 < {self.budget_ms:g} ms, "
             f"<= {MAX_DROP_SHARE:.0%} dropped",
             f"model {self.model}, input {iw}x{ih}, device {self.device}",
+            *([self.speed.line()] if self.speed else []),
             HEADER,
             *(s.line() for s in self.steps),
+            LOAD_NOTE,
             f"capacity: {self.cameras} camera(s) ({len(self.steps)} steps of "
             f"{self.step_s:g} s measured, {self.elapsed_s:.0f} s in all)",
         ]
@@ -206,6 +220,7 @@ class CapacityResult:
             "device": self.device,
             "step_s": self.step_s,
             "elapsed_s": round(self.elapsed_s, 1),
+            "speed": self.speed.as_dict() if self.speed else None,
             "steps": [s.as_dict() for s in self.steps],
         }
 
@@ -275,6 +290,7 @@ def capacity(
             )
 
         found, steps = search_capacity(measure, verdict, max_cameras=max_cameras, on_step=on_step)
+    config = options.pipeline()
     return CapacityResult(
         cameras=found,
         steps=steps,
@@ -283,7 +299,8 @@ def capacity(
         size=(width, height),
         model=detector.name,
         input_size=detector.input.size,
-        device=str(resolve_device(options.pipeline().device)),
+        device=str(resolve_device(config.device)),
         step_s=step_s,
         elapsed_s=time.monotonic() - started,
+        speed=SpeedOptions.of(config),  # after the runs: torch's threads as the engine left them
     )

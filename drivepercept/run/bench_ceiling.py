@@ -10,6 +10,10 @@ waits for its whole batch).
 Batch sizes are interleaved over rounds (1, 2, ..., N, 1, 2, ..., N, ...), so every size sees
 the same drift on a shared machine; throughput is each size's fastest round (the noise of a
 busy machine is in one direction) and latency the percentiles of every timed batch.
+
+The table says which speed options were on (`SpeedOptions`) and what the load sampler saw
+over the timed rounds (every size together: a size's turn in a round is far shorter than
+NVML's averaging window on a GPU; see `telemetry.loadwatch`).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from drivepercept.engine.step import DetectorStep
 from drivepercept.errors import ConfigError
 from drivepercept.models.base import Detector
 from drivepercept.rig import resolve_cameras
-from drivepercept.run.benchmark import first_frames
+from drivepercept.run.benchmark import SpeedOptions, first_frames, set_torch_threads
 from drivepercept.run.job import load_model
 from drivepercept.run.options import RunOptions
+from drivepercept.telemetry.loadwatch import LoadFigures, watch_load
+from drivepercept.telemetry.sampler import gpu_refs
 from drivepercept.telemetry.stats import latency_stats
 
 
@@ -52,7 +58,8 @@ class CeilingLine:
 
 @dataclass(frozen=True)
 class CeilingResult:
-    """Model-only throughput and latency per batch size."""
+    """Model-only throughput and latency per batch size, the speed options they were
+    measured with, and the load over the timed rounds."""
 
     lines: tuple[CeilingLine, ...]
     model: str
@@ -60,11 +67,14 @@ class CeilingResult:
     device: str
     precision: str
     rounds: int
+    speed: SpeedOptions | None = None
+    load: LoadFigures | None = None
 
     def table(self) -> str:
         w, h = self.input_size
         rows = [
             f"ceiling: model {self.model}, input {w}x{h}, device {self.device}, {self.precision}",
+            *([self.speed.line()] if self.speed else []),
             f"{'batch':>5} {'batches':>8} {'frames/s':>9} {'p50 ms':>8} {'p99 ms':>8}",
         ]
         for x in self.lines:
@@ -73,8 +83,11 @@ class CeilingResult:
             )
         best = max(self.lines, key=lambda x: x.fps)
         rows.append(f"best: batch {best.batch}, {best.fps:.1f} frames/s")
+        if self.load is not None:
+            rows.append(self.load.describe())
         rows.append("(batches on the device: model + post-processing only;")
-        rows.append(f" frames/s: best of {self.rounds} interleaved rounds; latency: every batch)")
+        rows.append(f" frames/s: best of {self.rounds} interleaved rounds; latency: every batch;")
+        rows.append(" load: over every timed batch, all sizes together)")
         return "\n".join(rows)
 
     def as_dict(self) -> dict[str, Any]:
@@ -85,6 +98,8 @@ class CeilingResult:
             "device": self.device,
             "precision": self.precision,
             "rounds": self.rounds,
+            "speed": self.speed.as_dict() if self.speed else None,
+            "load": self.load.as_dict() if self.load else None,
             "lines": [x.as_dict() for x in self.lines],
         }
 
@@ -117,6 +132,7 @@ def ceiling(
     config = options.pipeline()
     detector = detector or load_model(options)
     device = resolve_device(config.device)
+    set_torch_threads(config)
     runner = DetectorStep(detector, config, device)
     frames = first_frames(cams, detector.input).to(device)  # on the device before timing
     sizes = range(1, len(cams) + 1)
@@ -125,16 +141,19 @@ def ceiling(
             runner(frames[:size])
     fps: dict[int, float] = dict.fromkeys(sizes, 0.0)
     latency_ms: dict[int, list[float]] = {size: [] for size in sizes}
-    for _ in range(rounds):
-        for size in sizes:
-            batch = frames[:size]
-            started = time.perf_counter_ns()
-            for _ in range(batches):
-                t0 = time.perf_counter_ns()
-                runner(batch)  # waits: results are on the host when it returns
-                latency_ms[size].append((time.perf_counter_ns() - t0) / 1e6)
-            seconds = (time.perf_counter_ns() - started) / 1e9
-            fps[size] = max(fps[size], batches * size / seconds)
+    with watch_load(gpu_refs(device), rate_hz=config.sample_hz) as load:
+        timed_from = time.monotonic_ns()
+        for _ in range(rounds):
+            for size in sizes:
+                batch = frames[:size]
+                started = time.perf_counter_ns()
+                for _ in range(batches):
+                    t0 = time.perf_counter_ns()
+                    runner(batch)  # waits: results are on the host when it returns
+                    latency_ms[size].append((time.perf_counter_ns() - t0) / 1e6)
+                seconds = (time.perf_counter_ns() - started) / 1e9
+                fps[size] = max(fps[size], batches * size / seconds)
+        timed = (timed_from, time.monotonic_ns())
     lines = []
     for size in sizes:
         stats = latency_stats(latency_ms[size])
@@ -146,4 +165,6 @@ def ceiling(
         device=str(device),
         precision=config.precision,
         rounds=rounds,
+        speed=SpeedOptions.of(config, runner),
+        load=load.figures([timed]),
     )

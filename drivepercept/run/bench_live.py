@@ -15,7 +15,10 @@ lasts `duration_s`, after which capture stops:
 * p50 / p99 end-to-end latency (capture to emission) of the frames captured in the window,
   from the run folder's frames.csv;
 * dropped: frames the pipeline dropped (a newer one came first) plus frames the server
-  skipped because its client was not reading, over all frames offered in the window.
+  skipped because its client was not reading, over all frames offered in the window;
+* load: GPU utilization and memory (NVML) and this process's CPU over the window, from one
+  `gpu-monitor` sampler at the pipeline's `sample_hz` beside the run (the run's own sampler
+  is off, so the run pays for one sampler, as any live run does; `telemetry.loadwatch`).
 
 The simulated cameras decode and JPEG-encode on the same CPU as the pipeline (a real camera
 does that on its own chip), so on a small machine these figures are pessimistic.
@@ -40,9 +43,12 @@ from drivepercept.geometry import check_fps
 from drivepercept.models.base import Detector
 from drivepercept.pipeline import Pipeline
 from drivepercept.rig import resolve_cameras
+from drivepercept.run.benchmark import SpeedOptions
 from drivepercept.run.job import load_model, run
 from drivepercept.run.options import Mode, RunOptions
 from drivepercept.rundir import RunDir
+from drivepercept.telemetry.loadwatch import LoadFigures, watch_load
+from drivepercept.telemetry.sampler import gpu_refs
 from drivepercept.telemetry.stats import latency_stats
 
 DEFAULT_WARMUP_S = 2.0
@@ -104,6 +110,7 @@ class LiveStep:
     dropped: int  # dropped by the pipeline or skipped by the server, in the window
     p50_ms: float
     p99_ms: float
+    load: LoadFigures | None = None  # over the window
 
     @property
     def target_fps(self) -> float:
@@ -133,6 +140,7 @@ class LiveStep:
             "drop_share": num(self.drop_share),
             "p50_ms": num(self.p50_ms),
             "p99_ms": num(self.p99_ms),
+            "load": self.load.as_dict() if self.load else None,
         }
 
 
@@ -209,6 +217,8 @@ def measure_live(
             f"duration must be > 0 s and warm-up >= 0 s, got {duration_s:g}, {warmup_s:g}"
         )
     detector = detector or load_model(options)
+    config = options.pipeline()
+    gpus = gpu_refs(resolve_device(config.device))
     with tempfile.TemporaryDirectory(prefix="drivepercept-bench-") as tmp:
         with serve(videos, fps=fps) as service:
             names = [name for name, _ in videos]
@@ -216,6 +226,8 @@ def measure_live(
             step_options = dataclasses.replace(
                 options,
                 sources=tuple(f"{name}={service.url(name)}" for name in names),
+                # the sampler below watches at the run's rate instead (one sampler)
+                settings={**options.settings, "sample_hz": 0.0},
                 mode=Mode.LIVE,
                 out_root=out_root or Path(tmp),
                 name=f"bench-live-{len(names)}x{fps:g}fps-{time.strftime('%H%M%S')}",
@@ -226,18 +238,26 @@ def measure_live(
                 metrics_port=None,
                 command="bench --mode live",
             )
-            result = run(step_options, detector=detector, progress=window)
-        return _step(len(names), fps, window.start, window.end, RunDir(result.run_dir))
+            with watch_load(gpus, rate_hz=config.sample_hz) as load:
+                result = run(step_options, detector=detector, progress=window)
+        start, end = window.start, window.end
+        figures = load.figures([(start.t_ns, end.t_ns)] if start and end else [])
+        return _step(len(names), fps, start, end, RunDir(result.run_dir), figures)
 
 
 def _step(
-    cameras: int, fps: float, start: _Count | None, end: _Count | None, run_dir: RunDir
+    cameras: int,
+    fps: float,
+    start: _Count | None,
+    end: _Count | None,
+    run_dir: RunDir,
+    load: LoadFigures | None = None,
 ) -> LiveStep:
     """The window's figures; a window that never closed (no results, or not enough of them
     before the safety stop) is a step with no frames."""
     nan = float("nan")
     if start is None or end is None:
-        return LiveStep(cameras, fps, 0.0, 0, 0, nan, nan)
+        return LiveStep(cameras, fps, 0.0, 0, 0, nan, nan, load)
     latency = []
     with run_dir.frames_csv.open(newline="", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
@@ -252,17 +272,20 @@ def _step(
         dropped=end.dropped - start.dropped,
         p50_ms=stats.p50_ms,
         p99_ms=stats.p99_ms,
+        load=load,
     )
 
 
 @dataclass(frozen=True)
 class LiveResult:
-    """`bench --mode live`: one measurement of the rig's cameras served live."""
+    """`bench --mode live`: one measurement of the rig's cameras served live, and the speed
+    options it ran with."""
 
     step: LiveStep
     model: str
     input_size: tuple[int, int]
     device: str
+    speed: SpeedOptions | None = None
 
     def table(self) -> str:
         s, (w, h) = self.step, self.input_size
@@ -270,9 +293,11 @@ class LiveResult:
             [
                 f"live: {s.cameras} cameras at {s.fps:g} fps, model {self.model}, input "
                 f"{w}x{h}, device {self.device}, {s.window_s:.1f} s measured",
+                *([self.speed.line()] if self.speed else []),
                 f"{'frames/s':>9} {'target':>7} {'p50 ms':>8} {'p99 ms':>8} {'dropped':>8}",
                 f"{s.achieved_fps:>9.1f} {s.target_fps:>7.1f} {s.p50_ms:>8.1f} "
                 f"{s.p99_ms:>8.1f} {s.drop_share:>7.1%}",
+                *([s.load.describe()] if s.load else []),
                 "(cameras served by the MJPEG camera server on 127.0.0.1, on this machine's CPU)",
             ]
         )
@@ -283,6 +308,7 @@ class LiveResult:
             "model": self.model,
             "input_size": f"{w}x{h}",
             "device": self.device,
+            "speed": self.speed.as_dict() if self.speed else None,
             **self.step.as_dict(),
         }
 
@@ -323,5 +349,7 @@ def live_bench(
         warmup_s=warmup_s,
         detector=detector,
     )
-    device = resolve_device(options.pipeline().device)
-    return LiveResult(step, detector.name, detector.input.size, str(device))
+    config = options.pipeline()
+    device = resolve_device(config.device)
+    speed = SpeedOptions.of(config)  # after the run: torch's threads as the engine left them
+    return LiveResult(step, detector.name, detector.input.size, str(device), speed)

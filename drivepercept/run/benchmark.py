@@ -9,6 +9,13 @@ Three measurements on the same machine, model, input size and batch, in one run:
 (b) pipeline: the full replay pipeline on the rig (decoder threads, batcher, engine).
 (c) naive: for each camera in turn, read a frame, prepare it, run it alone (batch 1) and wait
     for the result; what a first attempt in a notebook does.
+
+Every table and JSON record says which speed options the figures were measured with
+(`SpeedOptions`: precision, channels_last, compile, CUDA graphs, torch threads), and what
+the load sampler saw while each was measured (`telemetry.loadwatch`: GPU utilization and
+memory through NVML, this process's CPU): one `gpu-monitor` thread at the pipeline's
+`sample_hz`, beside the measurement, never inside it (the pipeline's own sampler is off while
+it runs, so the pipeline pays the cost of one sampler, as in a replay).
 """
 
 from __future__ import annotations
@@ -35,17 +42,107 @@ from drivepercept.run.options import RunOptions
 from drivepercept.sources.open import open_cameras
 from drivepercept.sources.prepare import prepare
 from drivepercept.sources.readers import FrameReader, SourceError
+from drivepercept.telemetry.loadwatch import NA, LoadFigures, Window, watch_load
+from drivepercept.telemetry.sampler import gpu_refs
 
 
 def _open(cams: Sequence[CameraConfig]) -> list[FrameReader]:
     return open_cameras(cams, paced=False, policy=ReconnectPolicy(), stop=threading.Event())
 
 
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    """The speed options a figure was measured with: a figure is never quoted without them.
+
+    Attributes:
+        precision, channels_last, compile, cuda_graphs: as the pipeline config says.
+        torch_threads: as configured (0: torch's default); threads_used: torch's intra-op
+            threads when the measurement ended (the default resolved, or the setting).
+        fallbacks: options asked for that ran eagerly instead, and why (as far as the
+            benchmark's own model step saw).
+    """
+
+    precision: str
+    channels_last: bool
+    compile: bool
+    cuda_graphs: bool
+    torch_threads: int
+    threads_used: int
+    fallbacks: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, config: PipelineConfig, step: DetectorStep | None = None) -> SpeedOptions:
+        """The options of `config`, read after the measurement (and `step`'s fallbacks)."""
+        fallbacks = []
+        if step is not None and step.compiled is not None and step.compiled.failure:
+            fallbacks.append(f"compile: {step.compiled.failure}")
+        if step is not None and step.graphed is not None and step.graphed.failure:
+            fallbacks.append(f"cuda graphs: {step.graphed.failure}")
+        return cls(
+            precision=config.precision,
+            channels_last=config.channels_last,
+            compile=config.compile,
+            cuda_graphs=config.cuda_graphs,
+            torch_threads=config.torch_threads,
+            threads_used=torch.get_num_threads(),
+            fallbacks=tuple(fallbacks),
+        )
+
+    def line(self) -> str:
+        """The table's line: "speed: fp16, channels_last on, compile off, ..."."""
+        default = "" if self.torch_threads else " (torch's default)"
+        text = (
+            f"speed: {self.precision}, channels_last {_on(self.channels_last)}, compile "
+            f"{_on(self.compile)}, cuda graphs {_on(self.cuda_graphs)}, torch threads "
+            f"{self.threads_used}{default}"
+        )
+        return text + (f"; ran eagerly: {'; '.join(self.fallbacks)}" if self.fallbacks else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "precision": self.precision,
+            "channels_last": self.channels_last,
+            "compile": self.compile,
+            "cuda_graphs": self.cuda_graphs,
+            "torch_threads": self.torch_threads,
+            "torch_threads_used": self.threads_used,
+            "fallbacks": list(self.fallbacks),
+        }
+
+
+def set_torch_threads(config: PipelineConfig) -> None:
+    """`config.torch_threads`, set process-wide as the engine sets it when it starts, so that
+    the model-only measurements run on the threads the pipeline runs on."""
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+
+
+LOAD_HEADER = f"{'GPU %':>7} {'GPU MB':>7} {'CPU %':>6}"
+LOAD_NOTE = (
+    " GPU %: NVML utilization mean/max; GPU MB: most device memory in use;",
+    " CPU %: this process's mean, 100 = one core)",
+)
+
+
+def load_cells(load: LoadFigures | None) -> str:
+    """The `LOAD_HEADER` columns of one table row."""
+    if load is None:
+        return f"{NA:>7} {NA:>7} {NA:>6}"
+    return f"{load.gpu_util_cell:>7} {load.gpu_mem_cell:>7} {load.cpu_cell:>6}"
+
+
 @dataclass(frozen=True)
 class BenchLine:
+    """One mode's fastest round, and the load over all of its rounds."""
+
     mode: str
     frames: int
     seconds: float
+    load: LoadFigures | None = None
 
     @property
     def fps(self) -> float:
@@ -65,6 +162,7 @@ class BenchResult:
     rounds: int = 1
     model: str = ""
     input_size: tuple[int, int] = (0, 0)
+    speed: SpeedOptions | None = None
 
     def line(self, mode: str) -> BenchLine | None:
         return next((line for line in self.lines if line.mode == mode), None)
@@ -72,17 +170,23 @@ class BenchResult:
     def table(self) -> str:
         w, h = self.input_size
         rows = [f"model {self.model}, input {w}x{h}, {self.batch} cameras"]
-        rows += [f"{'mode':<12} {'frames':>7} {'seconds':>8} {'frames/s':>9}"]
+        rows += [self.speed.line()] if self.speed else []
+        rows += [f"{'mode':<12} {'frames':>7} {'seconds':>8} {'frames/s':>9} {LOAD_HEADER}"]
         for line in self.lines:
-            rows.append(f"{line.mode:<12} {line.frames:>7d} {line.seconds:>8.3f} {line.fps:>9.1f}")
+            rows.append(
+                f"{line.mode:<12} {line.frames:>7d} {line.seconds:>8.3f} {line.fps:>9.1f} "
+                f"{load_cells(line.load)}"
+            )
         pipeline, model_only, naive = (self.line(m) for m in ("pipeline", "model-only", "naive"))
         if pipeline and model_only:
             rows.append(f"pipeline / model-only: {pipeline.fps / model_only.fps:.2f}x")
         if pipeline and naive:
             rows.append(f"pipeline / naive:      {pipeline.fps / naive.fps:.2f}x")
         rows.append(
-            f"(batch {self.batch}, device {self.device}, best of {self.rounds} interleaved rounds)"
+            f"(batch {self.batch}, device {self.device}, best of {self.rounds} interleaved "
+            "rounds; load over every round of a mode:"
         )
+        rows.extend(LOAD_NOTE)
         return "\n".join(rows)
 
     def as_dict(self) -> dict[str, Any]:
@@ -94,39 +198,55 @@ class BenchResult:
             "device": self.device,
             "cameras": self.batch,
             "rounds": self.rounds,
+            "speed": self.speed.as_dict() if self.speed else None,
             "lines": [
-                {"mode": x.mode, "frames": x.frames, "seconds": round(x.seconds, 4), "fps": x.fps}
+                {
+                    "mode": x.mode,
+                    "frames": x.frames,
+                    "seconds": round(x.seconds, 4),
+                    "fps": x.fps,
+                    "load": x.load.as_dict() if x.load else None,
+                }
                 for x in self.lines
             ],
         }
 
 
-def _model_only(runner: DetectorStep, batch: torch.Tensor, batches: int) -> BenchLine:
+Measured = tuple[BenchLine, Window]  # a line, and when it ran (the load sampler's clock)
+
+
+def _model_only(runner: DetectorStep, batch: torch.Tensor, batches: int) -> Measured:
+    t0 = time.monotonic_ns()
     start = time.perf_counter()
     for _ in range(batches):
         runner(batch)
-    return BenchLine("model-only", batches * batch.shape[0], time.perf_counter() - start)
+    line = BenchLine("model-only", batches * batch.shape[0], time.perf_counter() - start)
+    return line, (t0, time.monotonic_ns())
 
 
 def _pipeline(
     cams: Sequence[CameraConfig], detector: Detector, config: PipelineConfig, frames_per_camera: int
-) -> BenchLine:
-    pipe_cfg = dataclasses.replace(config, max_frames=frames_per_camera)
+) -> Measured:
+    # sample_hz 0: the bench's sampler watches at the pipeline's rate instead (one sampler)
+    pipe_cfg = dataclasses.replace(config, max_frames=frames_per_camera, sample_hz=0.0)
     readers = _open(cams)
     with Pipeline(
         cameras=[(c.name, r) for c, r in zip(cams, readers, strict=True)],
         detector=detector,
         config=pipe_cfg,
-    ) as pipeline:
+    ) as pipeline:  # started: warm (and compiled) by now, capture just begun
+        t0 = time.monotonic_ns()
         stats = pipeline.run()
-    return BenchLine("pipeline", stats.frames, stats.elapsed_s)
+        window = (t0, time.monotonic_ns())
+    return BenchLine("pipeline", stats.frames, stats.elapsed_s), window
 
 
 def _naive(
     cams: Sequence[CameraConfig], runner: DetectorStep, spec: InputSpec, frames_per_camera: int
-) -> BenchLine:
+) -> Measured:
     readers = _open(cams)
     done = 0
+    t0 = time.monotonic_ns()
     start = time.perf_counter()
     try:
         for _ in range(frames_per_camera):
@@ -140,7 +260,7 @@ def _naive(
     finally:
         for r in readers:
             r.close()
-    return BenchLine("naive", done, time.perf_counter() - start)
+    return BenchLine("naive", done, time.perf_counter() - start), (t0, time.monotonic_ns())
 
 
 def first_frames(cams: Sequence[CameraConfig], spec: InputSpec) -> torch.Tensor:
@@ -193,6 +313,7 @@ def bench(
     config = options.pipeline()
     detector = detector or load_model(options)
     device = resolve_device(config.device)
+    set_torch_threads(config)
     # the engine's own steps, run synchronously: the same model set-up and precision
     runner = DetectorStep(detector, config, device)
     spec = detector.input
@@ -208,14 +329,22 @@ def bench(
         "naive": lambda: _naive(cams, runner, spec, frames_per_camera),
     }
     lines: dict[str, list[BenchLine]] = {mode: [] for mode in MODES if mode in modes}
-    for _ in range(rounds):
-        for mode, found in lines.items():
-            found.append(measure[mode]())
+    windows: dict[str, list[Window]] = {mode: [] for mode in lines}
+    with watch_load(gpu_refs(device), rate_hz=config.sample_hz) as load:
+        for _ in range(rounds):
+            for mode, found in lines.items():
+                line, window = measure[mode]()
+                found.append(line)
+                windows[mode].append(window)
     return BenchResult(
-        tuple(max(found, key=lambda line: line.fps) for found in lines.values()),
+        tuple(
+            dataclasses.replace(max(found, key=lambda x: x.fps), load=load.figures(windows[mode]))
+            for mode, found in lines.items()
+        ),
         batch=len(cams),
         device=str(device),
         rounds=rounds,
         model=detector.name,
         input_size=detector.input.size,
+        speed=SpeedOptions.of(config, runner),
     )
