@@ -167,11 +167,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from drivepercept.run import SIMULATED, BenchRequest, run_bench, write_bench_json
 
-    if args.mode == "capacity" and not (args.sources or args.rig or args.config):
-        args.sources = [SIMULATED]  # capacity renders its own cameras
-    request = BenchRequest(args.mode, args.frames, args.rounds, args.fps, args.duration, args.size)
+    if args.mode in ("capacity", "sweep") and not (args.sources or args.rig or args.config):
+        args.sources = [SIMULATED]  # capacity and the sweep render their own cameras
+    request = BenchRequest(
+        args.mode,
+        frames_per_camera=args.frames,
+        rounds=args.rounds,
+        fps=args.fps,
+        duration_s=args.duration,
+        size=args.size,
+        precisions=args.precisions,
+        timeouts_ms=args.timeouts_ms,
+        sweep_cameras=args.sweep_cameras,
+        plot=args.plot,
+    )
     options = run_options(args, jobs.Mode.REPLAY)
-    # capacity's search shows each step as it goes (on stderr: stdout gets the table once)
+    # capacity's steps and the sweep's cells show as they go (stderr: stdout gets the table)
     report = run_bench(
         options,
         request,
@@ -182,6 +193,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_bench_json(args.json, request, report)
         print(f"figures: {args.json}")
+    plot = request.plot_path(args.json)
+    if plot is not None:
+        jobs.write_bench_plot(plot, report)
+        print(f"plot: {plot}")
     return EXIT_OK
 
 

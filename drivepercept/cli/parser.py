@@ -37,8 +37,10 @@ Ground truth less visible than --min-visibility or lower than --min-height-px is
   drivepercept bench sample_videos/rig.toml --mode ceiling --json ceiling.json
   drivepercept bench sample_videos/rig.toml --mode live --fps 15 --duration 15
   drivepercept bench --mode capacity --fps 30 --budget-ms 100 --size 640x360
+  drivepercept bench --sweep --precisions fp32,bf16 --timeouts-ms 5,50 --json sweep.json
 default: frames/s of the model alone (the ceiling), the pipeline and a naive loop, with ratios;
-ceiling: per batch size; live: served cameras; capacity: most cameras in budget.""",
+ceiling: per batch size; live: served cameras; capacity: most cameras in budget;
+sweep: served cameras per precision x batch timeout x cameras (table, plot, JSON).""",
     "serve-cameras": """
   drivepercept serve-cameras sample_videos/rig.toml --port 8554
 Each camera is at http://127.0.0.1:PORT/<name>.mjpg; runs until Ctrl-C or SIGTERM.""",
@@ -170,18 +172,26 @@ def build_parser() -> Parser:
     ev.add_argument("--min-visibility", type=float, default=0.3, help="(default 0.3)")
     ev.add_argument("--min-height-px", type=float, default=12.0, help="(default 12)")
 
-    ben = command("bench", "model ceiling, pipeline, naive loop, live cameras, capacity")
+    ben = command("bench", "model ceiling, pipeline, naive loop, live cameras, capacity, sweep")
     _model_args(ben)
-    ben.add_argument("--mode", default="default", choices=BENCH_MODES, help="(default: three)")
+    which = ben.add_mutually_exclusive_group()
+    which.add_argument("--mode", default="default", choices=BENCH_MODES, help="(default: three)")
+    which.add_argument(
+        "--sweep", dest="mode", action="store_const", const="sweep", help="= --mode sweep"
+    )
     ben.add_argument("--frames", type=int, default=30, help="frames per camera (default 30)")
     ben.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     _flags(
         ben,
-        ("--fps", float, "live, capacity: each camera's frame rate (rig's; 30)"),
-        ("--duration", float, "live: seconds measured (15); capacity: per step (10)"),
+        ("--fps", float, "live, capacity, sweep: each camera's frame rate (rig's; 30; 15)"),
+        ("--duration", float, "live: seconds measured (15); capacity: per step (10); sweep (5)"),
         ("--budget-ms", float, "capacity: the p99 latency budget (default 100)"),
-        ("--size", str, "capacity: cameras' WIDTHxHEIGHT (default 640x360)"),
+        ("--size", str, "capacity, sweep: cameras' WIDTHxHEIGHT (default 640x360)"),
         ("--json", Path, "also write the figures and the machine to this file"),
+        ("--precisions", str, "sweep: e.g. fp32,bf16 (default: CPU fp32,bf16; CUDA +fp16)"),
+        ("--timeouts-ms", str, "sweep: batch timeouts (default 5,20,50)"),
+        ("--sweep-cameras", str, "sweep: camera counts (default 1,2,4)"),
+        ("--plot", Path, "sweep: the PNG plot's path (default: --json's, .png)"),
     )
 
     srv = command("serve-cameras", "serve videos as live MJPEG cameras on 127.0.0.1 (tests)")

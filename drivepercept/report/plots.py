@@ -5,6 +5,7 @@ and returned as PNG bytes, to be embedded in the HTML page.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -213,4 +214,54 @@ def batch_fill_plot(size_counts: dict[str, int], cameras: int) -> bytes:
     ax.set_ylabel("batches")
     ax.set_xticks(sizes)
     ax.set_title("Batch fill")
+    return _png(fig)
+
+
+def sweep_plot(
+    series: Mapping[str, Sequence[tuple[int, float, float, float]]],
+    *,
+    fps_per_camera: float,
+    title: str,
+) -> bytes:
+    """`bench --sweep`: processed frames/s, p99 latency and share dropped against the camera
+    count, a line per series (a precision and a batch timeout).
+
+    Args:
+        series: label -> (cameras, frames/s, p99 ms, drop share) points; NaN leaves a gap.
+        fps_per_camera: the cameras' rate: the frames/s panel marks what they offer.
+        title: the figure's title.
+    """
+    fig, axes = _figure((12.0, 4.0), cols=3, margins_in=(0.7, 0.2, 1.1, 0.6))
+    fps_ax, p99_ax, drop_ax = axes[0]
+    counts = sorted({p[0] for points in series.values() for p in points})
+    if counts:
+        fps_ax.plot(
+            counts,
+            [n * fps_per_camera for n in counts],
+            color="black",
+            linestyle="--",
+            linewidth=1.0,
+            label="offered",
+        )
+    for k, (label, points) in enumerate(series.items()):
+        ordered = sorted(points)
+        x = [p[0] for p in ordered]
+        style = {"color": f"C{k % 10}", "marker": "o", "markersize": 4, "linewidth": 1.2}
+        fps_ax.plot(x, [p[1] for p in ordered], label=label, **style)
+        p99_ax.plot(x, [p[2] for p in ordered], **style)
+        drop_ax.plot(x, [100.0 * p[3] for p in ordered], **style)
+    panels = [
+        (fps_ax, "processed frames/s (all cameras)"),
+        (p99_ax, "p99 end-to-end latency (ms)"),
+        (drop_ax, "frames dropped (%)"),
+    ]
+    for ax, ylabel in panels:
+        ax.set_xlabel("cameras")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(counts)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    drop_ax.set_ylim(0, max(5.0, drop_ax.get_ylim()[1]))  # no drops: a flat line at 0, not noise
+    fig.legend(*fps_ax.get_legend_handles_labels(), fontsize=8, ncol=7, loc="lower center")
+    fig.suptitle(title)
     return _png(fig)

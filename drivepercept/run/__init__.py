@@ -10,7 +10,7 @@
 `run` replays recorded cameras (`Mode.REPLAY`), replays them at their own pace
 (`Mode.REALTIME`) or reads live cameras (`Mode.LIVE`); `evaluate` scores a clip with ground
 truth; `bench` compares the model alone, the pipeline and a naive loop, and `run_bench`
-runs any of the benchmark suite's modes (`BENCH_MODES`: ceiling, live, capacity, ...).
+runs any of the benchmark suite's modes (`BENCH_MODES`: ceiling, live, capacity, sweep, ...).
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
         BenchRequest,
         run_bench,
         write_bench_json,
+        write_bench_plot,
     )
+    from drivepercept.run.bench_sweep import SweepGrid, SweepResult, sweep
     from drivepercept.run.benchmark import BenchResult, bench
     from drivepercept.run.evaluation import EvaluateResult, evaluate
     from drivepercept.run.job import RunResult, run
@@ -56,6 +58,10 @@ _HOMES = {
     "BenchRequest": "drivepercept.run.bench_suite",
     "run_bench": "drivepercept.run.bench_suite",
     "write_bench_json": "drivepercept.run.bench_suite",
+    "write_bench_plot": "drivepercept.run.bench_suite",
+    "SweepGrid": "drivepercept.run.bench_sweep",
+    "SweepResult": "drivepercept.run.bench_sweep",
+    "sweep": "drivepercept.run.bench_sweep",
     "BenchResult": "drivepercept.run.benchmark",
     "bench": "drivepercept.run.benchmark",
     "EvaluateResult": "drivepercept.run.evaluation",
@@ -101,11 +107,15 @@ __all__ = [
     "RunResult",
     "SimCameras",
     "SinkPolicy",
+    "SweepGrid",
+    "SweepResult",
     "bench",
     "environment_settings",
     "evaluate",
     "read_settings_file",
     "run",
     "run_bench",
+    "sweep",
     "write_bench_json",
+    "write_bench_plot",
 ]

@@ -8,9 +8,10 @@
 | `naive`    | the naive loop alone                                      | `benchmark`     |
 | `live`     | the rig's videos served live: frames/s, p50/p99, drops    | `bench_live`    |
 | `capacity` | the most live cameras within a latency budget             | `bench_capacity`|
+| `sweep`    | live figures over precision x batch timeout x cameras     | `bench_sweep`   |
 
 `--json PATH` writes the figures with the machine they were measured on, for comparing
-machines.
+machines; the sweep also draws a plot (`write_bench_plot`), beside the JSON by default.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from drivepercept.errors import ConfigError, OutputError
 from drivepercept.geometry import check_fps, parse_size
 
 if TYPE_CHECKING:  # the jobs load torch and OpenCV: imported when a benchmark runs
-    from drivepercept.run.bench_capacity import CapacityStep
     from drivepercept.run.bench_live import SimCameras
+    from drivepercept.run.bench_sweep import SweepGrid
     from drivepercept.run.options import RunOptions
 
-BENCH_MODES = ("default", "ceiling", "pipeline", "naive", "live", "capacity")
+BENCH_MODES = ("default", "ceiling", "pipeline", "naive", "live", "capacity", "sweep")
 JSON_SCHEMA_VERSION = 1
 DEFAULT_SIZE = "640x360"
 
@@ -47,6 +48,12 @@ class BenchReport(Protocol):
     def as_dict(self) -> dict[str, Any]: ...
 
 
+class BenchStep(Protocol):
+    """A capacity step or a sweep cell, shown as it is measured."""
+
+    def line(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class BenchRequest:
     """Which benchmark, and its own knobs (the model and pipeline settings are `RunOptions`).
@@ -54,9 +61,15 @@ class BenchRequest:
     Attributes:
         mode: one of `BENCH_MODES`.
         frames_per_camera, rounds: default, pipeline, naive (and ceiling's rounds).
-        fps: live (None: the rig's rate) and capacity (None: 30) camera frame rate.
-        duration_s: live's measured window (None: 15 s), capacity's per step (None: 10 s).
-        size: capacity's camera frame size, "WIDTHxHEIGHT" (None: `DEFAULT_SIZE`).
+        fps: live (None: the rig's rate), capacity (None: 30) and sweep (None: 15) camera
+            frame rate.
+        duration_s: live's measured window (None: 15 s), capacity's per step (None: 10 s),
+            the sweep's per cell (None: 5 s).
+        size: capacity's and the sweep's camera frame size, "WIDTHxHEIGHT" (None:
+            `DEFAULT_SIZE`).
+        precisions, timeouts_ms, sweep_cameras: the sweep's axes, comma-separated ("fp32,bf16",
+            "5,20,50", "1,2,4"; None: the defaults, see `bench_sweep.SweepGrid.parse`).
+        plot: where the sweep's PNG goes (None: beside `--json`, see `plot_path`).
     """
 
     mode: str = "default"
@@ -65,6 +78,10 @@ class BenchRequest:
     fps: float | None = None
     duration_s: float | None = None
     size: str | None = None
+    precisions: str | None = None
+    timeouts_ms: str | None = None
+    sweep_cameras: str | None = None
+    plot: Path | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in BENCH_MODES:
@@ -78,6 +95,29 @@ class BenchRequest:
         ):
             raise ConfigError(f"duration must be > 0 s, got {self.duration_s:g}")
         parse_size(self.size or DEFAULT_SIZE)
+        axes = (self.precisions, self.timeouts_ms, self.sweep_cameras, self.plot)
+        if self.mode == "sweep":
+            self.grid()  # every axis checked before any model, render or camera
+        elif any(a is not None for a in axes):
+            raise ConfigError(
+                f"precisions, batch timeouts, sweep cameras and a plot are the sweep's "
+                f"(bench --sweep), not bench --mode {self.mode}'s"
+            )
+
+    def grid(self) -> SweepGrid:
+        """The sweep's axes (precisions still unresolved: they depend on the device)."""
+        from drivepercept.run.bench_sweep import SweepGrid
+
+        return SweepGrid.parse(
+            precisions=self.precisions, timeouts_ms=self.timeouts_ms, cameras=self.sweep_cameras
+        )
+
+    def plot_path(self, json_path: Path | None) -> Path | None:
+        """Where the sweep's plot goes: `plot`, else beside `json_path` (its name, .png);
+        None for the other modes, or a sweep with neither."""
+        if self.mode != "sweep":
+            return None
+        return self.plot or (json_path.with_suffix(".png") if json_path is not None else None)
 
 
 def run_bench(
@@ -85,20 +125,21 @@ def run_bench(
     request: BenchRequest,
     *,
     cameras: SimCameras | None = None,
-    on_step: Callable[[CapacityStep], None] | None = None,
+    on_step: Callable[[BenchStep], None] | None = None,
 ) -> BenchReport:
     """Run the benchmark `request` names with `options`' model and settings.
 
     Args:
         options: sources (a rig; capacity renders its own cameras), model, settings, budget.
         request: the mode and its knobs.
-        cameras: the camera server and renderer, for live and capacity (see `SimCameras`).
-        on_step: capacity's progress, each step as it is measured.
+        cameras: the camera server and renderer, for live, capacity and sweep (see
+            `SimCameras`).
+        on_step: capacity's and the sweep's progress, each step or cell as it is measured.
 
     Raises:
         ConfigError: bad input; DrivePerceptError from the run itself.
     """
-    if request.mode in ("live", "capacity") and cameras is None:
+    if request.mode in ("live", "capacity", "sweep") and cameras is None:
         raise ConfigError(f"bench --mode {request.mode} needs the camera server (SimCameras)")
     if request.mode == "ceiling":
         from drivepercept.run.bench_ceiling import ceiling
@@ -120,6 +161,19 @@ def run_bench(
             size=parse_size(request.size or DEFAULT_SIZE),
             step_s=request.duration_s,
             on_step=on_step,
+        )
+    if request.mode == "sweep":
+        from drivepercept.run.bench_sweep import sweep
+
+        assert cameras is not None
+        return sweep(
+            options,
+            cameras=cameras,
+            grid=request.grid(),
+            fps=request.fps,
+            size=parse_size(request.size or DEFAULT_SIZE),
+            cell_s=request.duration_s,
+            on_cell=on_step,
         )
     from drivepercept.run.benchmark import MODES, bench
 
@@ -156,5 +210,21 @@ def write_bench_json(path: Path, request: BenchRequest, report: BenchReport) -> 
     }
     try:
         path.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def write_bench_plot(path: Path, report: BenchReport) -> None:
+    """The sweep's plot as a PNG at `path` (`BenchRequest.plot_path` says where).
+
+    Raises:
+        ConfigError: `report` is not a sweep's; OutputError: the file cannot be written.
+    """
+    from drivepercept.run.bench_sweep import SweepResult
+
+    if not isinstance(report, SweepResult):
+        raise ConfigError("only bench --sweep draws a plot")
+    try:
+        path.write_bytes(report.plot_png())
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
