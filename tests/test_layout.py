@@ -17,6 +17,7 @@ RUN_FILES = ("frames.csv", "load.csv", "run.json", "detections.jsonl", "summary.
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "geometry": set(),
+    "_threads": set(),  # the process-wide OpenMP wait set at import (drivepercept/__init__)
     "rig": {"geometry", "types"},
     "config": {"types"},
     "rundir": {"types"},
@@ -34,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"types", "rig", "geometry"},
 }
 STAGES = {"types", "geometry", "rig", "config", "rundir", "sources", "queues", "batching"}
-STAGES |= {"buffers", "models", "engine", "sinks", "telemetry"}
+STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads"}
 ABOVE = {
     "pipeline": STAGES,
     "run": STAGES | {"pipeline", "report", "eval"},

@@ -38,6 +38,7 @@ import torch
 import torchvision
 
 from drivepercept import __version__
+from drivepercept._threads import wait_policy
 from drivepercept.pipeline import Pipeline
 from drivepercept.rig import CameraConfig, camera_source
 from drivepercept.run.options import Mode, RunOptions
@@ -59,6 +60,7 @@ def environment(device: str) -> dict[str, Any]:
         "numpy": np.__version__,
         "device": device,
         "cpu_threads": torch.get_num_threads(),
+        "omp_wait_policy": wait_policy(),
     }
     if device.startswith("cuda"):
         index = torch.device(device).index or 0
