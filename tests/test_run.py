@@ -44,8 +44,8 @@ def test_replay_mode_chooses_nothing_and_live_modes_choose_the_live_policies() -
         assert mode.policies({"device": "cpu"}) == {
             "drop_policy": "drop_oldest",
             "queue_capacity": 1,
-            "max_in_flight": 1,
-            "ring_slots": 2,  # one in flight, one for the next batch, made just in time
+            "max_in_flight": 2,  # n+1 computes while n is post-processed
+            "ring_slots": 3,  # and one for the next batch, made just in time
         }
     # the staging slots follow the in-flight batches the caller chose
     assert Mode.LIVE.policies({"device": "cpu", "max_in_flight": 3})["ring_slots"] == 4

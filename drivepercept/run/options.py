@@ -125,15 +125,15 @@ class Mode(enum.Enum):
 
         Live and real-time runs take each camera's newest frame (a queue of one,
         drop_oldest, every drop counted), and batches are made just in time (the batcher
-        prepares the next one as the engine is about to be free, `batching`): on a CPU one
-        batch in flight, on a GPU two, and one staging slot more, for the next batch.
+        prepares the next one as the engine is about to be free, `batching`), two batches in
+        flight and one staging slot more, for the next batch. Two in flight on a CPU too: the
+        completion thread's NMS and sinks for batch n then overlap batch n+1's compute
+        instead of delaying its start (measured, six cameras, YOLOv8n-size network on 2
+        cores: the median gap between computes fell from 6-12 ms to 0.2 ms).
         """
         if self is Mode.REPLAY:
             return {}
-        from drivepercept.engine.device import resolve_device  # torch: only when needed
-
-        cpu = resolve_device(str(settings.get("device", "auto"))).type == "cpu"
-        in_flight = int(settings.get("max_in_flight", 1 if cpu else 2))
+        in_flight = int(settings.get("max_in_flight", 2))
         return {
             "drop_policy": "drop_oldest",
             "queue_capacity": 1,
