@@ -4,7 +4,8 @@ Names are the bundled `drivepercept-tiny` (trained on the synthetic rig; its "DE
 weights are the file shipped in `models/`), the YOLOX family (`yolox-nano` ... `yolox-x`,
 COCO; "DEFAULT" is the official release checkpoint, downloaded once, and a path may be a
 `.pth` checkpoint or an `.onnx` export) and torchvision's COCO detectors (see
-`available_models()`). A name with a colon,
+`available_models()`). A name ending in `.onnx` is an exported detector run by ONNX Runtime
+(`drivepercept.models.onnx`; its weights are the file's). A name with a colon,
 `package.module:factory`, is a plugin: the module is imported and `factory(weights)` must
 return a `Detector`. Weights are chosen the same way for every model:
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import difflib
 import importlib
 
-from drivepercept.models import _torchvision, tiny, yolox_weights
+from drivepercept.models import _torchvision, onnx, tiny, yolox_weights
 from drivepercept.models._weights import short_reason
 from drivepercept.models.base import Detector, ModelError, WeightsStore
 from drivepercept.models.classes import with_classes
@@ -61,6 +62,9 @@ def load_detector(
             the message is one line.
     """
     weights = _normalise_weights(weights)
+    if onnx.is_onnx(name):
+        detector = onnx.build(name.strip(), weights=weights, input_size=input_size)
+        return with_classes(detector, classes)
     if input_size is not None and name not in yolox_weights.NAMES:
         raise ModelError(
             f"model {name} has a fixed input size, got {input_size[0]}x{input_size[1]}; an "

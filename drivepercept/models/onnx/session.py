@@ -1,0 +1,170 @@
+"""The ONNX Runtime session behind an exported detector, as a `torch.nn.Module`.
+
+The module takes the engine's normalised float batch (B, 3, H, W) and hands back the per-image
+dicts of the `Detector` contract, on the batch's device. The session runs on the CPU provider;
+where `onnxruntime-gpu` offers CUDA and the batch is on a GPU, a CUDA session is made for that
+GPU on first use (the batch still goes through host memory: the outputs are small, the input
+is one copy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from drivepercept.errors import ModelError
+from drivepercept.models.onnx import layouts
+from drivepercept.models.onnx.layouts import Dim, Graph, Port
+
+INSTALL_HINT = "pip install 'drivepercept[onnx]'"
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+
+
+def import_ort() -> Any:
+    """The onnxruntime module.
+
+    Raises:
+        ModelError: it is not installed.
+    """
+    try:
+        import onnxruntime  # type: ignore[import-untyped]
+    except ImportError:
+        raise ModelError(f"running ONNX models needs onnxruntime: {INSTALL_HINT}") from None
+    return onnxruntime
+
+
+def open_session(path: Path, providers: list[Any] | None = None) -> Any:
+    """An `InferenceSession` for the file (CPU unless `providers` says otherwise).
+
+    Raises:
+        ModelError: onnxruntime missing, file missing, or not an ONNX model it can load.
+    """
+    ort = import_ort()
+    if not path.is_file():
+        raise ModelError(f"ONNX model file not found: {path}")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: ORT's warnings are not the user's
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers or [CPU])
+    except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... for any bad file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"{path} is not an ONNX model onnxruntime can load ({first[:160]})"
+        ) from None
+
+
+def read_graph(path: Path, session: Any) -> Graph:
+    """The graph's ports (from the session) and operator types (from the onnx package, when
+    installed; without it `ops` is empty)."""
+
+    def ports(items: list[Any]) -> tuple[Port, ...]:
+        return tuple(
+            Port(p.name, tuple(_dim(d) for d in (p.shape or ())), str(p.type)) for p in items
+        )
+
+    ops: frozenset[str] = frozenset()
+    try:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+        ops = frozenset(n.op_type for n in model.graph.node)
+    except Exception:  # no onnx package or an odd file: the heuristics do without
+        pass
+    return Graph(ports(session.get_inputs()), ports(session.get_outputs()), ops)
+
+
+def _dim(d: object) -> Dim:
+    return d if isinstance(d, int) and d > 0 else None
+
+
+class OnnxDetector(nn.Module):
+    """An ONNX Runtime session with the decoding of its output layout.
+
+    A fixed-batch export (batch dimension 1) runs a batch as a loop over its images, one
+    session run each, unless `refuse_batches` (then a batch of more than one image is a
+    `ModelError`). An `orig_target_sizes`-style input gets the model input's (width, height),
+    so the boxes come back in model-input pixels, as the engine expects.
+    """
+
+    def __init__(
+        self,
+        session: Any,
+        graph: Graph,
+        *,
+        path: Path,
+        layout: str,
+        raw_grid: bool,
+        refuse_batches: bool = False,
+    ) -> None:
+        super().__init__()
+        self.path = path
+        self.graph = graph
+        self.layout = layout
+        self.raw_grid = raw_grid
+        self.refuse_batches = refuse_batches
+        image = graph.image
+        self.fixed_batch = image.shape[0]
+        self.input_dtype = np.float16 if "float16" in image.type else np.float32
+        self._sessions: dict[str, Any] = {"cpu": session}
+        self._grids = layouts.YoloxGrids()
+        self._order = layouts.end2end_order(graph) if layout == "end2end" else (0, 0, 0)
+
+    def forward(self, x: torch.Tensor) -> layouts.Outputs:
+        b = x.shape[0]
+        hw = (int(x.shape[2]), int(x.shape[3]))
+        batch = x.detach().float().contiguous().cpu().numpy().astype(self.input_dtype, copy=False)
+        session = self._session(x.device)
+        if self.fixed_batch is not None and self.fixed_batch != b:
+            if self.fixed_batch != 1 or self.refuse_batches:
+                raise ModelError(
+                    f"{self.path} is exported for batches of {self.fixed_batch} and refuses "
+                    f'to loop over a batch of {b} (batch = "refuse" in its sidecar)'
+                    if self.fixed_batch == 1
+                    else f"{self.path} is exported for batches of {self.fixed_batch}, got {b}"
+                )
+            runs = [self._run(session, batch[i : i + 1], hw) for i in range(b)]
+            outputs = [np.concatenate(parts, axis=0) for parts in zip(*runs, strict=True)]
+        else:
+            outputs = self._run(session, batch, hw)
+        tensors = [torch.from_numpy(np.ascontiguousarray(o)).to(x.device) for o in outputs]
+        return self._decode(tensors, hw)
+
+    def _run(self, session: Any, batch: np.ndarray[Any, Any], hw: tuple[int, int]) -> list[Any]:
+        feeds = {self.graph.image.name: batch}
+        sizes = self.graph.size_input
+        if sizes is not None:
+            # (width, height) of the model input: boxes come back in model-input pixels
+            feeds[sizes.name] = np.tile(np.array([[hw[1], hw[0]]], dtype=np.int64), (len(batch), 1))
+        out: list[Any] = session.run(None, feeds)
+        return out
+
+    def _decode(self, outs: list[torch.Tensor], hw: tuple[int, int]) -> layouts.Outputs:
+        if self.layout == "end2end":
+            labels, boxes, scores = (outs[i] for i in self._order)
+            return layouts.from_end2end(labels, boxes, scores)
+        first = next(o for o, p in zip(outs, self.graph.outputs, strict=True) if "float" in p.type)
+        if self.layout == "yolov8":
+            return layouts.from_yolov8(first)
+        if self.raw_grid:
+            first = self._grids.decode(first, hw)
+        return layouts.from_yolox(first)
+
+    def _session(self, device: torch.device) -> Any:
+        """The CPU session, or for a batch on a GPU a CUDA session there when ORT has CUDA
+        (the batch still crosses host memory: no IO binding yet)."""
+        if device.type != "cuda":
+            return self._sessions["cpu"]
+        key = str(device)
+        if key not in self._sessions:
+            ort = import_ort()
+            if CUDA in ort.get_available_providers():
+                provider = (CUDA, {"device_id": device.index or 0})
+                self._sessions[key] = open_session(self.path, [provider, CPU])
+            else:
+                self._sessions[key] = self._sessions["cpu"]
+        return self._sessions[key]
