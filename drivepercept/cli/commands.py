@@ -283,6 +283,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    done = jobs.export_model(
+        args.model, out=args.out, weights=args.weights, fmt=args.format,
+        input_size=args.input, batch=args.batch, **jobs.environment_settings(os.environ),
+    )  # fmt: skip
+    print(f"wrote {done.onnx} ({done.layout}) and {done.sidecar}")
+    return EXIT_OK
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "simulate": cmd_simulate,
     "replay": cmd_replay,
@@ -291,4 +300,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": cmd_bench,
     "serve-cameras": cmd_serve,
     "report": cmd_report,
+    "export": cmd_export,
 }

@@ -44,6 +44,9 @@ sweep: served cameras per precision x batch timeout x cameras (table, plot, JSON
     "serve-cameras": """
   drivepercept serve-cameras sample_videos/rig.toml --port 8554
 Each camera is at http://127.0.0.1:PORT/<name>.mjpg; runs until Ctrl-C or SIGTERM.""",
+    "export": """
+  drivepercept export --model yolox-nano --input 448x256 --batch dynamic --out yolox.onnx
+Writes the ONNX file and its sidecar (yolox.toml: layout, classes, preparation) beside it.""",
     "report": """
   drivepercept report runs/replay-20261130-101500 --budget-ms 66
   drivepercept report runs/fp32 --compare runs/fp16
@@ -204,4 +207,12 @@ def build_parser() -> Parser:
     rpt.add_argument("--format", dest="report", default="html,json,csv,trace", help="(all)")
     rpt.add_argument("--budget-ms", type=float, default=100.0, help="deadline (default 100)")
     rpt.add_argument("--compare", type=Path, metavar="RUN_B", help="compare with RUN_B (B / A)")
+
+    exp = command("export", "write a model as ONNX, with its sidecar TOML beside it")
+    exp.add_argument("--model", required=True, help="drivepercept-tiny or yolox-nano ... yolox-x")
+    exp.add_argument("--weights", default="DEFAULT", help="DEFAULT, none or a weights file")
+    exp.add_argument("--format", default="onnx", choices=("onnx",), help="(default onnx)")
+    exp.add_argument("--input", help="WxH (YOLOX: multiples of 32; default: the model's)")
+    exp.add_argument("--batch", default="1", help="a batch size or dynamic (default 1)")
+    exp.add_argument("--out", required=True, type=Path, help="the .onnx file")
     return parser

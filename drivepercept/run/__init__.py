@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from drivepercept.run.bench_sweep import SweepGrid, SweepResult, sweep
     from drivepercept.run.benchmark import BenchResult, bench
     from drivepercept.run.evaluation import EvaluateResult, evaluate
+    from drivepercept.run.export import export_model
     from drivepercept.run.job import RunResult, run
     from drivepercept.run.options import (
         DEFAULT_MODEL,
@@ -66,6 +67,7 @@ _HOMES = {
     "bench": "drivepercept.run.benchmark",
     "EvaluateResult": "drivepercept.run.evaluation",
     "evaluate": "drivepercept.run.evaluation",
+    "export_model": "drivepercept.run.export",
     "RunResult": "drivepercept.run.job",
     "run": "drivepercept.run.job",
     "DEFAULT_MODEL": "drivepercept.run.options",
@@ -112,6 +114,7 @@ __all__ = [
     "bench",
     "environment_settings",
     "evaluate",
+    "export_model",
     "read_settings_file",
     "run",
     "run_bench",
