@@ -18,9 +18,7 @@ package, which is not a dependency.
 
 from __future__ import annotations
 
-import json
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,28 +175,27 @@ def _pin_output_dims(path: Path, outputs: torch.Tensor | tuple[torch.Tensor, ...
 
 
 def sidecar_text(detector: Detector, layout: str) -> str:
-    """The sidecar TOML: schema, layout, class names and the `InputSpec` (see `models/onnx`)."""
+    """The sidecar TOML: schema, layout, class names and the `InputSpec` (see `models/onnx`),
+    written with tomli-w as rig files are (hand-rolled TOML quoting is an easy place for bugs)."""
+    import tomli_w
+
     spec = detector.input
     pad = spec.pad_value if isinstance(spec.pad_value, int) else list(spec.pad_value)
-    lines = [
-        f"schema = {SCHEMA}",
-        f"layout = {json.dumps(layout)}",
-        f"classes = {_toml_list(detector.class_names)}",
-        "",
-        "[input]",
-        f"size = {_toml_list(spec.size)}",
-        f"letterbox = {'true' if spec.letterbox else 'false'}",
-        f"pad = {json.dumps(spec.pad.value)}",
-        f"pad_value = {json.dumps(pad)}",
-        f"interpolation = {json.dumps(spec.interpolation.value)}",
-        f"channels = {json.dumps(spec.channels.value)}",
-        f"value_range = {float(spec.value_range)!r}",
-        f"mean = {_toml_list([float(v) for v in spec.mean])}",
-        f"std = {_toml_list([float(v) for v in spec.std])}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _toml_list(values: Sequence[object]) -> str:
-    # JSON's strings, integers and floats (repr: always with a dot) are valid TOML
-    return "[" + ", ".join(repr(v) if isinstance(v, float) else json.dumps(v) for v in values) + "]"
+    return tomli_w.dumps(
+        {
+            "schema": SCHEMA,
+            "layout": layout,
+            "classes": list(detector.class_names),
+            "input": {
+                "size": list(spec.size),
+                "letterbox": spec.letterbox,
+                "pad": spec.pad.value,
+                "pad_value": pad,
+                "interpolation": spec.interpolation.value,
+                "channels": spec.channels.value,
+                "value_range": float(spec.value_range),
+                "mean": [float(v) for v in spec.mean],
+                "std": [float(v) for v in spec.std],
+            },
+        }
+    )

@@ -24,12 +24,12 @@ Every key is optional; an unknown key is an error that names it.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from drivepercept.errors import ModelError
-from drivepercept.types import ColorOrder, Interpolation, PadPlacement
+from drivepercept.types import ColorOrder, InputSpec, Interpolation, PadPlacement
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,19 +40,7 @@ SCHEMA = 1
 LAYOUTS: tuple[str, ...] = ("yolox", "yolov8", "end2end")
 BATCH_POLICIES: tuple[str, ...] = ("loop", "refuse")
 TOP_KEYS = frozenset({"schema", "layout", "classes", "batch", "input"})
-INPUT_KEYS = frozenset(
-    {
-        "size",
-        "letterbox",
-        "pad",
-        "pad_value",
-        "interpolation",
-        "channels",
-        "value_range",
-        "mean",
-        "std",
-    }
-)
+INPUT_KEYS = frozenset(f.name for f in fields(InputSpec))  # the [input] table's keys
 
 
 @dataclass(frozen=True)
