@@ -39,6 +39,7 @@ STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads"}
 ABOVE = {
     "pipeline": STAGES,
     "run": STAGES | {"pipeline", "report", "eval"},
+    "fleet": STAGES | {"pipeline", "report", "eval", "run"},
     "cli": {"run", "fleet", "sim", "report"},
 }
 
@@ -67,17 +68,19 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_no_module_is_over_450_lines_and_the_cli_is_under_600() -> None:
+def test_no_module_is_over_450_lines_and_the_cli_is_under_700() -> None:
     sizes = {
         str(p.relative_to(PACKAGE)): len(p.read_text().splitlines())
         for p in _modules()
         if "sim" not in p.relative_to(PACKAGE).parts
     }
     assert {m: n for m, n in sizes.items() if n > 450} == {}
-    # the front door stays thin: flags, a call, printing (600: room for the speed options and
-    # bench modes of issue 14, whose flags alone are ~20 lines, at 498 before them)
+    # the front door stays thin: flags, a call, printing (600 made room for issue 14's speed
+    # options and bench modes, 498 lines before them; 700 for two more commands, `fleet` and
+    # `quantize`, and the ONNX model flags, at 583 before them: ~20 lines a command's flags,
+    # examples and handler, the work in fleet/ and run/)
     cli = sum(n for m, n in sizes.items() if m.startswith("cli"))
-    assert cli < 600, cli
+    assert cli < 700, cli
 
 
 @pytest.mark.parametrize("layer", sorted({**ALLOWED, **ABOVE}))

@@ -192,8 +192,9 @@ def _frames(path: Path, n: int) -> list[np.ndarray[Any, Any]]:
 
 
 def _reference(model: Path, session: Any, frame: np.ndarray[Any, Any], thr: float) -> list[Any]:
-    """SOURCES.md's preparation and decoding, then the engine's class-aware NMS on the driving
-    classes: [(class, score, box in original pixels)]."""
+    """SOURCES.md's preparation and decoding, then on the driving classes the engine's
+    class-aware NMS (YOLOX) or none (DEIMv2: NMS-free, its boxes are final):
+    [(class, score, box in original pixels)]."""
     h, w = frame.shape[:2]
     if model == YOLOX_NANO:
         r = min(416 / h, 416 / w)
@@ -226,7 +227,7 @@ def _reference(model: Path, session: Any, frame: np.ndarray[Any, Any], thr: floa
         torch.from_numpy(b).float(),
         torch.from_numpy(scores[keep]).float(),
         torch.from_numpy(mapped.astype(np.int64)),
-        0.5,
+        0.5 if model == YOLOX_NANO else 1.0,  # IoU > 1 never: no box suppressed
     ).numpy()
     return [(DRIVING_CLASSES[mapped[i]], float(scores[keep][i]), b[i]) for i in kept]
 
@@ -296,3 +297,10 @@ def test_yolox_nano_through_ort_equals_the_torch_yolox(real_videos: Path) -> Non
         print(f"yolox-nano ORT vs torch: max box diff {diff:.4f} px")
         assert diff <= 1.0
         assert torch.equal(one["labels"][sure], two["labels"][sure])
+
+
+def test_deimv2_outputs_are_final_and_yolox_gets_the_nms() -> None:
+    for model, final in ((YOLOX_NANO, False), (FEMTO, True), (ATTO, True)):
+        if not model.is_file():
+            pytest.skip(f"{model} not found")
+        assert load_detector(str(model)).final_outputs is final, model.name

@@ -72,6 +72,7 @@ def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
         input_size=settings.get("input_size"),
         weights_dir=settings.get("weights_dir"),
         weights_mirror=settings.get("weights_mirror"),
+        **{k: settings[k] for k in jobs.ONNX_KEYS if k in settings},
         settings={k: v for k, v in settings.items() if k in jobs.PIPELINE_KEYS},
         out_root=Path(settings.get("out", "runs")),
         name=settings.get("name"),
@@ -292,6 +293,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    done = jobs.quantize_model(
+        args.model, sources=args.calibrate, out=args.out, frames=args.frames, input_size=args.input
+    )
+    print("\n".join(done.lines()))
+    return EXIT_OK
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "simulate": cmd_simulate,
     "replay": cmd_replay,
@@ -301,4 +310,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve-cameras": cmd_serve,
     "report": cmd_report,
     "export": cmd_export,
+    "quantize": cmd_quantize,
 }

@@ -47,6 +47,9 @@ Each camera is at http://127.0.0.1:PORT/<name>.mjpg; runs until Ctrl-C or SIGTER
     "export": """
   drivepercept export --model yolox-nano --input 448x256 --batch dynamic --out yolox.onnx
 Writes the ONNX file and its sidecar (yolox.toml: layout, classes, preparation) beside it.""",
+    "quantize": """
+  drivepercept quantize tiny.onnx --calibrate sample_videos/rig.toml --frames 96 --out int8.onnx
+SOURCE: rig, video or image folder; its frames prepared as the pipeline prepares them.""",
     "report": """
   drivepercept report runs/replay-20261130-101500 --budget-ms 66
   drivepercept report runs/fp32 --compare runs/fp16
@@ -86,6 +89,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         ("--weights", str, "DEFAULT (bundled / downloaded), a .pth/.onnx path, or none"),
         ("--classes", str, "driving (COCO mapped onto driving classes, default) or all"),
         ("--input-size", str, "WxH YOLOX input, multiples of 32 (nano/tiny 416x256, else 640x384)"),
+        ("--onnx-layout", str, ".onnx model: yolox, yolov8 or end2end (over its sidecar)"),
+        ("--onnx-batch", str, ".onnx batch-1 export: loop over a batch or refuse (sidecar's)"),
+        ("--trt-cache", Path, ".onnx on TensorRT: engine cache folder (<stem>.trt-cache)"),
         ("--device", str, "auto, cpu, cuda or cuda:N (default auto)"),
         ("--batch-timeout-ms", float, "partial batch after this wait (default 20)"),
         ("--precision", str, "fp32, fp16 or bf16 (default fp32)"),
@@ -215,4 +221,11 @@ def build_parser() -> Parser:
     exp.add_argument("--input", help="WxH (YOLOX: multiples of 32; default: the model's)")
     exp.add_argument("--batch", default="1", help="a batch size or dynamic (default 1)")
     exp.add_argument("--out", required=True, type=Path, help="the .onnx file")
+
+    qua = command("quantize", "a static INT8 copy of an ONNX model, calibrated on real frames")
+    qua.add_argument("model", type=Path, metavar="MODEL.onnx", help="a float32 ONNX detector")
+    qua.add_argument("--calibrate", nargs="+", required=True, metavar="SOURCE", help="rigs, videos")
+    qua.add_argument("--frames", type=int, default=96, help="calibration frames (default 96)")
+    qua.add_argument("--input", help="WxH, for a model whose input size is dynamic")
+    qua.add_argument("--out", type=Path, help="the INT8 .onnx file (default <stem>_int8.onnx)")
     return parser

@@ -84,6 +84,7 @@ def postprocess(
     max_detections: int,
     num_classes: int,
     remap: torch.Tensor | None = None,
+    nms: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Filter, suppress and pack a whole batch's detections with batched tensor operations.
 
@@ -106,6 +107,8 @@ def postprocess(
             above it) share one NMS group per image.
         remap: optional lookup table (`label_table`): remap[label] is the label reported for
             a model label, -1 drops it (the class filter); labels past its end are dropped.
+        nms: False for a model whose boxes are final (`Detector.final_outputs`): every box
+            that passes the filters is kept, highest score first, up to K per image.
 
     Returns:
         packed (B, K, 6) float32 [x0, y0, x1, y1, score, label] and counts (B,) int32, on
@@ -136,7 +139,10 @@ def postprocess(
     labels, image = labels.index_select(0, index), image.index_select(0, index)
     in_range = (labels >= 0) & (labels < num_classes)
     groups = image * (num_classes + 1) + torch.where(in_range, labels, num_classes)
-    kept = grouped_nms(boxes, scores, groups, iou_threshold)  # highest score first
+    if nms:
+        kept = grouped_nms(boxes, scores, groups, iou_threshold)  # highest score first
+    else:
+        kept = scores.argsort(descending=True, stable=True)
     # rank within the image: a stable sort by image keeps each image's scores descending
     by_image = image[kept].sort(stable=True)
     order = kept[by_image.indices]

@@ -104,7 +104,8 @@ class DetectorStep:
         return outputs
 
     def postprocess(self, outputs: Outputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score and class filter, NMS, top-k: packed (B, K, 6) and counts (B,)."""
+        """Score and class filter, NMS (none for a model whose outputs are final), top-k:
+        packed (B, K, 6) and counts (B,)."""
         cfg = self.config
         return postprocess(
             outputs,
@@ -113,6 +114,7 @@ class DetectorStep:
             max_detections=cfg.max_detections,
             remap=self.remap,
             num_classes=len(self.class_names),
+            nms=not self.detector.final_outputs,
         )
 
     def __call__(self, batch_u8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

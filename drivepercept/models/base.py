@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,6 +66,12 @@ class Detector:
             fp16/bf16 when a reduced precision is asked for; everything else (anchors, box
             decoding, NMS) then runs in float32. None runs the whole forward under autocast:
             the detector must then decode in float32 itself (see `engine/precision.py`).
+        final_outputs: the model's boxes are already final (NMS-free, DETR-style end-to-end
+            models): the engine's score and class filter and top-k still apply, its NMS is
+            skipped (it would only remove true neighbours the model chose to keep).
+        runtime: optional callable describing what runs the network besides torch, for the
+            run record (the ONNX backend: layout, batch policy, execution providers, IO
+            binding); called after the run, so it may say what was found on first use.
     """
 
     name: str
@@ -75,6 +82,8 @@ class Detector:
     set_postprocess: Callable[[float, float, int], None] | None = None
     reduced_precision: tuple[str, ...] | None = None
     report_as: tuple[str, ...] | None = None
+    final_outputs: bool = False
+    runtime: Callable[[], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.report_as is not None and len(self.report_as) != len(self.class_names):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from pathlib import Path
 
 from drivepercept.models import _torchvision, onnx, tiny, yolox_weights
 from drivepercept.models._weights import short_reason
@@ -40,6 +41,9 @@ def load_detector(
     classes: str = "driving",
     input_size: tuple[int, int] | None = None,
     store: WeightsStore | None = None,
+    onnx_layout: str | None = None,
+    onnx_batch: str | None = None,
+    trt_cache: str | Path | None = None,
 ) -> Detector:
     """Builds a detector, in eval mode, on the CPU.
 
@@ -53,6 +57,9 @@ def load_detector(
         input_size: (width, height) for models that run at any size (YOLOX: multiples of
             32); None for the model's default.
         store: where "DEFAULT" weights are looked for and downloaded from (YOLOX).
+        onnx_layout, onnx_batch, trt_cache: an ONNX model's output layout, batch policy
+            and TensorRT engine cache (`drivepercept.models.onnx.build`); an error for
+            other models.
 
     Returns:
         The detector.
@@ -63,8 +70,19 @@ def load_detector(
     """
     weights = _normalise_weights(weights)
     if onnx.is_onnx(name):
-        detector = onnx.build(name.strip(), weights=weights, input_size=input_size)
+        detector = onnx.build(
+            name.strip(),
+            weights=weights,
+            input_size=input_size,
+            layout=onnx_layout,
+            batch=onnx_batch,
+            trt_cache=trt_cache,
+        )
         return with_classes(detector, classes)
+    given = {"onnx_layout": onnx_layout, "onnx_batch": onnx_batch, "trt_cache": trt_cache}
+    for key, value in given.items():
+        if value is not None:
+            raise ModelError(f"{key} is for .onnx models, got {key} {value!r} for model {name}")
     if input_size is not None and name not in yolox_weights.NAMES:
         raise ModelError(
             f"model {name} has a fixed input size, got {input_size[0]}x{input_size[1]}; an "

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from drivepercept.run.job import RunResult, run
     from drivepercept.run.options import (
         DEFAULT_MODEL,
+        ONNX_KEYS,
         PIPELINE_KEYS,
         RUN_KEYS,
         Mode,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
         environment_settings,
         read_settings_file,
     )
+    from drivepercept.run.quantize import QuantizeResult, quantize_model
     from drivepercept.sinks.fanout import OnFailure, SinkPolicy
 
 # where each name lives: imported on first use, so that `drivepercept --help` (and anything
@@ -70,8 +72,11 @@ _HOMES = {
     "export_model": "drivepercept.run.export",
     "RunResult": "drivepercept.run.job",
     "run": "drivepercept.run.job",
+    "QuantizeResult": "drivepercept.run.quantize",
+    "quantize_model": "drivepercept.run.quantize",
     "DEFAULT_MODEL": "drivepercept.run.options",
     "environment_settings": "drivepercept.run.options",
+    "ONNX_KEYS": "drivepercept.run.options",
     "PIPELINE_KEYS": "drivepercept.run.options",
     "RUN_KEYS": "drivepercept.run.options",
     "Mode": "drivepercept.run.options",
@@ -94,6 +99,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BENCH_MODES",
     "DEFAULT_MODEL",
+    "ONNX_KEYS",
     "PIPELINE_KEYS",
     "RUN_KEYS",
     "SIMULATED",
@@ -104,6 +110,7 @@ __all__ = [
     "EvaluateResult",
     "Mode",
     "OnFailure",
+    "QuantizeResult",
     "ReconnectPolicy",
     "RunOptions",
     "RunResult",
@@ -115,6 +122,7 @@ __all__ = [
     "environment_settings",
     "evaluate",
     "export_model",
+    "quantize_model",
     "read_settings_file",
     "run",
     "run_bench",

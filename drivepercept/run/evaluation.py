@@ -22,7 +22,7 @@ from drivepercept.eval import evaluate as score
 from drivepercept.pipeline import Pipeline
 from drivepercept.run.groundtruth import GroundTruth, read_ground_truth
 from drivepercept.run.job import RunResult, run
-from drivepercept.run.options import PIPELINE_KEYS, RunOptions
+from drivepercept.run.options import ONNX_KEYS, PIPELINE_KEYS, RunOptions
 from drivepercept.rundir import RunDir, write_json
 
 
@@ -53,8 +53,8 @@ def evaluate(
             json.
         settings: the keys of a settings file (`drivepercept.run.read_settings_file`) that
             eval uses: model (default: a clip's rig names it, else `DEFAULT_MODEL`), weights,
-            classes, input_size, weights_dir, weights_mirror, out (runs/), name
-            (eval-<date>-<time>) and the pipeline settings.
+            classes, input_size, weights_dir, weights_mirror, onnx_layout, onnx_batch,
+            trt_cache, out (runs/), name (eval-<date>-<time>) and the pipeline settings.
         thresholds: which labelled objects are too hidden or small to be targets.
 
     Returns None when the run was interrupted (nothing is scored).
@@ -76,6 +76,7 @@ def evaluate(
         input_size=given.get("input_size"),
         weights_dir=given.get("weights_dir"),
         weights_mirror=given.get("weights_mirror"),
+        **{key: given[key] for key in ONNX_KEYS if key in given},
         settings=chosen,
         out_root=Path(given.get("out", "runs")),
         name=given.get("name") or time.strftime("eval-%Y%m%d-%H%M%S"),

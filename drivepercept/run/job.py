@@ -119,6 +119,9 @@ def load_model(options: RunOptions) -> Detector:
         classes=options.classes,
         input_size=options.input_size,
         store=WeightsStore(options.weights_dir, options.weights_mirror),
+        onnx_layout=options.onnx_layout,
+        onnx_batch=options.onnx_batch,
+        trt_cache=options.trt_cache,
     )
 
 

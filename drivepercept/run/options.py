@@ -24,9 +24,11 @@ DEFAULT_MODEL = "yolox-nano"
 _PIPELINE_FIELDS = dataclasses.fields(PipelineConfig)
 PIPELINE_KEYS = frozenset(f.name for f in _PIPELINE_FIELDS)
 # the other keys of a settings file (and of the CLI flags that mean the same)
+# an ONNX model's output layout, batch policy and TensorRT engine cache (flags and TOML alike)
+ONNX_KEYS = ("onnx_layout", "onnx_batch", "trt_cache")
 RUN_KEYS = frozenset(
     {"model", "weights", "classes", "input_size", "out", "name", "save_video", "mosaic"}
-    | {"budget_ms", "weights_dir", "weights_mirror"}
+    | {"budget_ms", "weights_dir", "weights_mirror", *ONNX_KEYS}
 )
 # settings a front end takes from the environment (`environment_settings`)
 ENVIRONMENT = {
@@ -158,6 +160,9 @@ class RunOptions:
             (YOLOX); None for the model's default ("WxH" and [w, h] are taken too).
         weights_dir, weights_mirror: where "DEFAULT" weights are found without a download,
             and where they are downloaded from (`drivepercept.models.WeightsStore`).
+        onnx_layout, onnx_batch, trt_cache: for a `.onnx` model only: its output layout
+            (yolox, yolov8, end2end) and batch-1 policy (loop, refuse) over its sidecar's,
+            and TensorRT's engine cache folder (`drivepercept.models.onnx`).
         settings: `PipelineConfig` fields the caller chose; the mode fills in the rest.
         out_root, name: the run folder is out_root/name (name defaults to <mode>-<date>-<time>).
         save_video, mosaic: annotated videos, per camera or tiled.
@@ -178,6 +183,9 @@ class RunOptions:
     input_size: tuple[int, int] | None = None
     weights_dir: Path | None = None
     weights_mirror: str | None = None
+    onnx_layout: str | None = None
+    onnx_batch: str | None = None
+    trt_cache: Path | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     out_root: Path = Path("runs")
     name: str | None = None
@@ -208,6 +216,13 @@ class RunOptions:
         if self.classes not in CLASS_CHOICES:
             raise ConfigError(f"classes must be driving or all, got {self.classes!r}")
         object.__setattr__(self, "input_size", _input_size(self.input_size))
+        for key in ONNX_KEYS:
+            value = getattr(self, key)
+            if value is not None and not self.model.strip().lower().endswith(".onnx"):
+                flag = "--" + key.replace("_", "-")
+                raise ConfigError(f"{flag} ({key}) is for .onnx models only; model is {self.model}")
+        if self.trt_cache is not None:
+            object.__setattr__(self, "trt_cache", Path(self.trt_cache))
         if self.weights_dir is not None:
             object.__setattr__(self, "weights_dir", Path(self.weights_dir))
         unknown = sorted(set(self.settings) - PIPELINE_KEYS)

@@ -2,7 +2,8 @@
 
 Sections (each a JSON object; `drivepercept.rundir.RunRecord` fixes the top level):
 
-- model: name, weights, input_size, classes_kept;
+- model: name, weights, input_size, classes_kept; at the end, runtime where the detector
+  says what ran it beyond torch (ONNX: layout, batch policy, providers per device, IO binding);
 - config: the `PipelineConfig` the run used;
 - sources: per camera: camera, source (credentials redacted), width, height, fps,
   frame_count (the container's estimate, -1 unknown);
@@ -204,7 +205,11 @@ def final_record(
     if pipeline.sampler is not None:
         # metrics found unsupported during the run are known only now
         telemetry = {**pipeline.sampler.info.as_dict(), "samples": pipeline.sampler.samples_taken}
+    model = record.model
+    if pipeline.detector.runtime is not None:  # what ran the network (providers found on use)
+        model = {**model, "runtime": pipeline.detector.runtime()}
     return record.but(
+        model=model,
         telemetry=telemetry,
         sources=sources_record(cams, readers, live=live),  # live sizes: known once connected
         live=live_record(pipeline, cams, live=live),

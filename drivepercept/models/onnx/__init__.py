@@ -3,7 +3,12 @@
 The output layout (`layouts.py`) and the preparation come from the sidecar TOML beside the
 file (`sidecar.py`), else from the graph: a raw YOLOX export gets YOLOX's preparation, an
 end-to-end model with an `orig_target_sizes` input (DEIMv2, RT-DETR) a plain stretch to RGB
-0-1, a YOLOv8-style output Ultralytics' centred letterbox to RGB 0-1.
+0-1, a YOLOv8-style output Ultralytics' centred letterbox to RGB 0-1. The layout and the
+batch policy given to `build` (the `--onnx-layout` / `--onnx-batch` flags) win over both.
+
+Such a DETR-style end-to-end model's boxes are final (`Detector.final_outputs`: the engine
+skips its NMS); other layouts, drivepercept-tiny's end-to-end export included (the torch
+model's boxes go through the engine's NMS too), keep it. The sidecar's `nms` says otherwise.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ from drivepercept.models.base import Detector
 from drivepercept.models.classes import coco_driving_view
 from drivepercept.models.onnx import layouts
 from drivepercept.models.onnx.session import OnnxDetector, open_session, read_graph
-from drivepercept.models.onnx.sidecar import LAYOUTS, read_sidecar, sidecar_path
+from drivepercept.models.onnx.sidecar import BATCH_POLICIES, LAYOUTS, read_sidecar, sidecar_path
 from drivepercept.models.yolox_weights import COCO80
 from drivepercept.models.yolox_weights import input_spec as yolox_spec
 from drivepercept.types import ColorOrder, InputSpec, Interpolation, PadPlacement
 
-__all__ = ["LAYOUTS", "build", "is_onnx"]
+__all__ = ["BATCH_POLICIES", "LAYOUTS", "build", "is_onnx"]
 
 
 def is_onnx(name: str) -> bool:
@@ -35,14 +40,19 @@ def build(
     weights: str | None = None,
     input_size: tuple[int, int] | None = None,
     layout: str | None = None,
+    batch: str | None = None,
+    trt_cache: str | Path | None = None,
 ) -> Detector:
-    """The detector an ONNX file holds, on ONNX Runtime's CPU provider.
+    """The detector an ONNX file holds, on ONNX Runtime (CPU; a GPU's providers on first use
+    there, see `session.py`).
 
     Args:
         path: the `.onnx` file; its sidecar is `<stem>.toml` beside it.
         weights: None or "DEFAULT" (the file carries its weights); anything else is refused.
         input_size: (width, height) for graphs whose image size is dynamic.
         layout: "yolox", "yolov8" or "end2end", over the sidecar's and the graph's.
+        batch: "loop" or "refuse" (a batch-1 export given a larger batch), over the sidecar's.
+        trt_cache: TensorRT's engine cache folder (default `<stem>.trt-cache` beside the file).
 
     Raises:
         ModelError: no onnxruntime, not an ONNX file, a classifier, an unknown layout, a bad
@@ -55,6 +65,10 @@ def build(
         )
     if layout is not None and layout not in LAYOUTS:
         raise ModelError(f"ONNX layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if batch is not None and batch not in BATCH_POLICIES:
+        raise ModelError(
+            f"ONNX batch policy must be one of {', '.join(BATCH_POLICIES)}, got {batch!r}"
+        )
     side = read_sidecar(path)
     session = open_session(path)
     graph = read_graph(path, session)
@@ -78,8 +92,10 @@ def build(
         path=path,
         layout=chosen,
         raw_grid=raw,
-        refuse_batches=side.batch == "refuse",
+        refuse_batches=(batch or side.batch) == "refuse",
+        trt_cache=Path(trt_cache) if trt_cache is not None else None,
     )
+    detr_style = chosen == "end2end" and graph.size_input is not None
     try:
         keep, report_as = coco_driving_view(classes)
     except ModelError:
@@ -92,6 +108,8 @@ def build(
         keep_labels=keep,
         report_as=report_as,
         reduced_precision=(),  # ORT runs the graph's own precision
+        final_outputs=not side.nms if side.nms is not None else detr_style,
+        runtime=module.describe,
     )
 
 

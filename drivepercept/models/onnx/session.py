@@ -1,14 +1,17 @@
 """The ONNX Runtime session behind an exported detector, as a `torch.nn.Module`.
 
 The module takes the engine's normalised float batch (B, 3, H, W) and hands back the per-image
-dicts of the `Detector` contract, on the batch's device. The session runs on the CPU provider;
-where `onnxruntime-gpu` offers CUDA and the batch is on a GPU, a CUDA session is made for that
-GPU on first use (the batch still goes through host memory: the outputs are small, the input
-is one copy).
+dicts of the `Detector` contract, on the batch's device. A batch on the CPU runs on the CPU
+provider (numpy in, numpy out). A batch on a GPU runs, where onnxruntime offers CUDA (or
+TensorRT, `providers.py`), in a session made on first use for that GPU on the stream current
+then (the engine's compute stream: the warm-up comes first), through IO binding
+(`binding.py`): no host round trip, no wait for the device. Without a GPU provider the batch
+goes through host memory to the CPU session.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +21,13 @@ from torch import nn
 
 from drivepercept.errors import ModelError
 from drivepercept.models.onnx import layouts
+from drivepercept.models.onnx import providers as eps
+from drivepercept.models.onnx.binding import DeviceRun
 from drivepercept.models.onnx.layouts import Dim, Graph, Port
 
+log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install 'drivepercept[onnx]'"
-CPU = "CPUExecutionProvider"
-CUDA = "CUDAExecutionProvider"
+CPU = eps.CPU
 
 
 def import_ort() -> Any:
@@ -88,7 +93,8 @@ class OnnxDetector(nn.Module):
     A fixed-batch export (batch dimension 1) runs a batch as a loop over its images, one
     session run each, unless `refuse_batches` (then a batch of more than one image is a
     `ModelError`). An `orig_target_sizes`-style input gets the model input's (width, height),
-    so the boxes come back in model-input pixels, as the engine expects.
+    so the boxes come back in model-input pixels, as the engine expects. `trt_cache` is
+    TensorRT's engine cache folder (`providers.py`; default beside the model file).
     """
 
     def __init__(
@@ -100,6 +106,7 @@ class OnnxDetector(nn.Module):
         layout: str,
         raw_grid: bool,
         refuse_batches: bool = False,
+        trt_cache: Path | None = None,
     ) -> None:
         super().__init__()
         self.path = path
@@ -107,32 +114,48 @@ class OnnxDetector(nn.Module):
         self.layout = layout
         self.raw_grid = raw_grid
         self.refuse_batches = refuse_batches
+        self.trt_cache = trt_cache
         image = graph.image
         self.fixed_batch = image.shape[0]
         self.input_dtype = np.float16 if "float16" in image.type else np.float32
         self._sessions: dict[str, Any] = {"cpu": session}
+        self._bound: dict[str, DeviceRun | None] = {}  # per GPU: None runs through the host
         self._grids = layouts.YoloxGrids()
         self._order = layouts.end2end_order(graph) if layout == "end2end" else (0, 0, 0)
 
     def forward(self, x: torch.Tensor) -> layouts.Outputs:
         b = x.shape[0]
         hw = (int(x.shape[2]), int(x.shape[3]))
+        loop = self._check_batch(b)
+        bound = self._device_run(x.device) if x.device.type == "cuda" else None
+        if bound is not None:
+            return self._decode(bound(x, hw), hw)
         batch = x.detach().float().contiguous().cpu().numpy().astype(self.input_dtype, copy=False)
-        session = self._session(x.device)
-        if self.fixed_batch is not None and self.fixed_batch != b:
-            if self.fixed_batch != 1 or self.refuse_batches:
-                raise ModelError(
-                    f"{self.path} is exported for batches of {self.fixed_batch} and refuses "
-                    f'to loop over a batch of {b} (batch = "refuse" in its sidecar)'
-                    if self.fixed_batch == 1
-                    else f"{self.path} is exported for batches of {self.fixed_batch}, got {b}"
-                )
+        session = self._sessions["cpu"]
+        if loop:
             runs = [self._run(session, batch[i : i + 1], hw) for i in range(b)]
             outputs = [np.concatenate(parts, axis=0) for parts in zip(*runs, strict=True)]
         else:
             outputs = self._run(session, batch, hw)
         tensors = [torch.from_numpy(np.ascontiguousarray(o)).to(x.device) for o in outputs]
         return self._decode(tensors, hw)
+
+    def _check_batch(self, b: int) -> bool:
+        """Whether a batch of `b` runs as a loop of single images.
+
+        Raises:
+            ModelError: the export's fixed batch does not fit and may not be looped over.
+        """
+        if self.fixed_batch is None or self.fixed_batch == b:
+            return False
+        if self.fixed_batch != 1 or self.refuse_batches:
+            raise ModelError(
+                f"{self.path} is exported for batches of {self.fixed_batch} and refuses "
+                f"to loop over a batch of {b} (onnx batch policy 'refuse': sidecar or flag)"
+                if self.fixed_batch == 1
+                else f"{self.path} is exported for batches of {self.fixed_batch}, got {b}"
+            )
+        return True
 
     def _run(self, session: Any, batch: np.ndarray[Any, Any], hw: tuple[int, int]) -> list[Any]:
         feeds = {self.graph.image.name: batch}
@@ -154,17 +177,61 @@ class OnnxDetector(nn.Module):
             first = self._grids.decode(first, hw)
         return layouts.from_yolox(first)
 
-    def _session(self, device: torch.device) -> Any:
-        """The CPU session, or for a batch on a GPU a CUDA session there when ORT has CUDA
-        (the batch still crosses host memory: no IO binding yet)."""
-        if device.type != "cuda":
-            return self._sessions["cpu"]
+    def _device_run(self, device: torch.device) -> DeviceRun | None:
+        """The GPU session for `device`, IO-bound, made on first use on the current stream
+        (the engine's compute stream); None when ORT has no GPU provider (host round trip)."""
         key = str(device)
-        if key not in self._sessions:
-            ort = import_ort()
-            if CUDA in ort.get_available_providers():
-                provider = (CUDA, {"device_id": device.index or 0})
-                self._sessions[key] = open_session(self.path, [provider, CPU])
-            else:
-                self._sessions[key] = self._sessions["cpu"]
-        return self._sessions[key]
+        if key not in self._bound:
+            available = import_ort().get_available_providers()
+            trt = eps.TENSORRT in available and eps.tensorrt_installed()
+            stream = torch.cuda.current_stream(device).cuda_stream
+            chosen = eps.choose_providers(
+                available,
+                device_type="cuda",
+                device_index=device.index or 0,
+                stream=stream,
+                tensorrt=trt,
+                trt_cache=self._trt_folder() if trt else None,
+            )
+            self._bound[key] = None
+            if eps.names(chosen) != [CPU]:
+                session = open_session(self.path, chosen)
+                # ORT falls back to the CPU alone when a GPU provider cannot start
+                if set(session.get_providers()) & set(eps.GPU_PROVIDERS):
+                    self._sessions[key] = session
+                    loop = self.fixed_batch == 1
+                    run = DeviceRun(session, self.graph, device, stream=stream, loop=loop)
+                    self._bound[key] = run
+                else:
+                    log.warning("%s: no GPU provider started; batches go through the CPU", key)
+        return self._bound[key]
+
+    def _trt_folder(self) -> Path | None:
+        """TensorRT's engine cache: the one given (made, or a `ModelError`), else one beside
+        the model (left out, with a warning, when it cannot be made)."""
+        folder = self.trt_cache or eps.default_trt_cache(self.path)
+        why = eps.prepare_cache(folder)
+        if why is None:
+            return folder
+        if self.trt_cache is not None:
+            raise ModelError(f"cannot make the TensorRT engine cache folder {folder}: {why}")
+        log.warning("TensorRT left out: cannot make its engine cache %s (%s)", folder, why)
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """What ran, for the run record: the layout, the batch policy, and per device the
+        providers of its session and whether batches were IO-bound there."""
+        sessions = {
+            key: {
+                "providers": list(session.get_providers()),
+                "io_binding": self._bound.get(key) is not None,
+            }
+            for key, session in self._sessions.items()
+        }
+        return {
+            "backend": "onnxruntime",
+            "version": getattr(import_ort(), "__version__", None),
+            "layout": self.layout,
+            "batch": "refuse" if self.refuse_batches else "loop",
+            "sessions": sessions,
+        }

@@ -6,6 +6,7 @@ schema = 1
 layout = "yolox"            # yolox | yolov8 | end2end
 classes = ["person", ...]   # label order, or a names file (one a line) relative to the sidecar
 batch = "loop"              # fixed-batch exports: loop over the images (default) or refuse
+nms = false                 # the outputs are final (default: true, except DETR-style end2end)
 [input]                     # InputSpec's fields by name
 size = [416, 416]           # width, height
 letterbox = true
@@ -39,7 +40,7 @@ else:  # pragma: no cover
 SCHEMA = 1
 LAYOUTS: tuple[str, ...] = ("yolox", "yolov8", "end2end")
 BATCH_POLICIES: tuple[str, ...] = ("loop", "refuse")
-TOP_KEYS = frozenset({"schema", "layout", "classes", "batch", "input"})
+TOP_KEYS = frozenset({"schema", "layout", "classes", "batch", "nms", "input"})
 INPUT_KEYS = frozenset(f.name for f in fields(InputSpec))  # the [input] table's keys
 
 
@@ -52,6 +53,7 @@ class Sidecar:
         layout: one of `LAYOUTS`.
         classes: class names in label order.
         batch: "loop" or "refuse" for fixed-batch exports.
+        nms: whether the engine's NMS runs on the outputs (None: the backend decides).
         input: `InputSpec` keyword arguments, already converted to its types.
     """
 
@@ -59,6 +61,7 @@ class Sidecar:
     layout: str | None = None
     classes: tuple[str, ...] | None = None
     batch: str = "loop"
+    nms: bool | None = None
     input: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,6 +106,9 @@ def parse_sidecar(raw: dict[str, Any], path: Path) -> Sidecar:
         raise ModelError(
             f"{where}: batch must be one of {', '.join(BATCH_POLICIES)}, got {batch!r}"
         )
+    nms = raw.get("nms")
+    if nms is not None and not isinstance(nms, bool):
+        raise ModelError(f"{where}: nms must be true or false, got {nms!r}")
     table = raw.get("input", {})
     if not isinstance(table, dict):
         raise ModelError(f"{where}: [input] must be a table, got {table!r}")
@@ -116,6 +122,7 @@ def parse_sidecar(raw: dict[str, Any], path: Path) -> Sidecar:
         layout=layout,
         classes=_classes(raw.get("classes"), path),
         batch=batch,
+        nms=nms,
         input={key: _input_value(key, value, where) for key, value in table.items()},
     )
 
