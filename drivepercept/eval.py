@@ -252,6 +252,7 @@ def evaluate(
     *,
     thresholds: EvalThresholds | None = None,
     images: Iterable[tuple[str, int]] | None = None,
+    by_camera: bool = True,
 ) -> EvalReport:
     """Score detections against ground truth with COCOeval.
 
@@ -262,6 +263,8 @@ def evaluate(
         thresholds: which ground truth is a target and which an ignore region.
         images: the (camera, frame_index) pairs to score; a pair with no detection frame
             counts every object in it as missed. Default: the pairs `frames` has.
+        by_camera: also score each camera alone (one more COCO evaluation a camera: a
+            fleet's pooled score of hundreds of cameras leaves them out).
 
     Raises:
         ConfigError: no scored image is in the ground truth (the wrong clip, say).
@@ -372,7 +375,7 @@ def evaluate(
             if n:
                 per_class[name] = {"ap_50_95": 0.0, "ap_50": 0.0, "recall_50": 0.0, "targets": n}
     per_camera: dict[str, dict[str, float]] = {}
-    for cam in sorted({c for c, _ in image_ids}):
+    for cam in sorted({c for c, _ in image_ids}) if by_camera else ():
         ids = sorted(i for (c, _), i in image_ids.items() if c == cam)
         ev = run(ids)
         missed = 0.0 if any(a["image_id"] in ids for a in targets) else -1.0

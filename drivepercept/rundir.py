@@ -47,6 +47,7 @@ class RunDir:
     REPORT_HTML = "report.html"
     TRACE_JSON = "trace.json"
     EVAL_JSON = "eval.json"
+    FLEET_DRIVE_JSON = "fleet_drive.json"  # a fleet's record of the drive this run replayed
     VIDEO_DIR = "video"
 
     @property
@@ -72,6 +73,10 @@ class RunDir:
     @property
     def eval_json(self) -> Path:
         return self.path / self.EVAL_JSON
+
+    @property
+    def fleet_drive_json(self) -> Path:
+        return self.path / self.FLEET_DRIVE_JSON
 
     @property
     def video_dir(self) -> Path:

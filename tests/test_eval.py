@@ -80,6 +80,22 @@ def test_ground_truth_scores_one_and_half_width_shift_scores_far_lower(
     assert shifted.map_50 < 0.1
 
 
+def test_scoring_without_per_camera_figures_gives_the_same_overall(
+    ground_truth: dict[str, Any],
+) -> None:
+    frames = range(0, 120, 10)
+    shifted = _gt_as_detections(ground_truth, frames, shift=0.3)
+    full = evaluate(ground_truth, shifted)
+    overall = evaluate(ground_truth, shifted, by_camera=False)
+    assert overall.per_camera == {} and len(full.per_camera) == 6
+    assert (overall.map_50, overall.map_50_95, overall.recall) == (
+        full.map_50,
+        full.map_50_95,
+        full.recall,
+    )
+    assert 0.0 < overall.map_50 < 1.0
+
+
 def test_detections_of_the_wrong_camera_score_low(ground_truth: dict[str, Any]) -> None:
     swap = {
         "front": "back",

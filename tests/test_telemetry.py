@@ -86,6 +86,38 @@ def test_latency_histogram_is_within_one_percent_and_bounded() -> None:
     assert one.percentile(50) <= 0.11
 
 
+def test_latency_histograms_merge_into_the_histogram_of_all_frames() -> None:
+    # given frames split over three histograms (three drives of a fleet), sent as JSON
+    rng = np.random.default_rng(2)
+    parts = [
+        rng.lognormal(mean=m, sigma=0.5, size=n) for m, n in ((3.0, 500), (6.5, 20), (3.0, 2000))
+    ]
+    whole, merged = LatencyHistogram(), LatencyHistogram()
+    for part in parts:
+        h = LatencyHistogram()
+        for v in part:
+            h.add(float(v))
+            whole.add(float(v))
+        merged.merge(json.loads(json.dumps(h.to_json())))
+    # then the merge is the histogram of every frame: the same percentiles, count and maximum
+    assert merged.to_json() == whole.to_json()
+    every = np.concatenate(parts)
+    exact = float(np.percentile(every, 99, method="inverted_cdf"))
+    assert exact <= merged.percentile(99) <= exact * 1.0101
+    # not the mean of the parts' percentiles (the slow middle drive is 20 frames of 2,520)
+    mean_p99 = float(np.mean([np.percentile(p, 99) for p in parts]))
+    assert abs(merged.percentile(99) - mean_p99) > 0.2 * exact
+    empty = LatencyHistogram()
+    merged.merge(empty.to_json())
+    assert merged.count == every.size
+    # a histogram with other buckets, or damaged, is refused
+    with pytest.raises(ValueError, match="other buckets"):
+        merged.merge(LatencyHistogram(resolution=0.05).to_json())
+    bad = {**h.to_json(), "count": h.count + 1}
+    with pytest.raises(ValueError, match="count"):
+        merged.merge(bad)
+
+
 def test_rate_fps() -> None:
     assert rate_fps(30, 0, 2_000_000_000) == 15.0
     assert rate_fps(0, 0, 1_000_000_000) == 0.0

@@ -301,6 +301,37 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from drivepercept.fleet import FleetOptions, run_fleet
+    from drivepercept.fleet.console import FleetBar, fleet_table
+    from drivepercept.fleet.options import shared_run
+
+    drives, settings = merged_settings(args)
+    template = run_options(args, jobs.Mode.REPLAY)
+    fleet = {k: v for k in FLEET_FLAGS if (v := getattr(args, k)) is not None}
+    options = FleetOptions(
+        drives=drives, out=args.out, run=shared_run(template, model=settings.get("model")), **fleet
+    )
+    bar = FleetBar(enabled=not args.no_progress and sys.stderr.isatty())
+    previous = signal.signal(signal.SIGTERM, _terminate)  # SIGTERM stops it like Ctrl-C
+    try:
+        result = run_fleet(options, on_progress=bar if bar.enabled else None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        bar.finish()
+    print(fleet_table(result))
+    print(f"fleet report: {result.fleet_html}")
+    if result.interrupted:
+        print("interrupted: the report holds the drives that finished", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    why = result.failure()
+    if why:
+        print(f"drivepercept fleet: error: {redact(why)}", file=sys.stderr)
+        return EXIT_PARTIAL
+    return EXIT_OK
+
+
+FLEET_FLAGS = ("address", "workers", "cpus_per_worker", "gpus_per_worker", "max_retries", "resume")
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "simulate": cmd_simulate,
     "replay": cmd_replay,
@@ -311,4 +342,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": cmd_report,
     "export": cmd_export,
     "quantize": cmd_quantize,
+    "fleet": cmd_fleet,
 }

@@ -41,6 +41,10 @@ Ground truth less visible than --min-visibility or lower than --min-height-px is
 default: frames/s of the model alone (the ceiling), the pipeline and a naive loop, with ratios;
 ceiling: per batch size; live: served cameras; capacity: most cameras in budget;
 sweep: served cameras per precision x batch timeout x cameras (table, plot, JSON).""",
+    "fleet": """
+  drivepercept fleet /data/drives/*/rig.toml --out /shared/fleet-out --device cuda
+  drivepercept fleet drives.txt --out out --address auto --resume   # one DRIVE per line
+A DRIVE is a rig file or a folder of camera files; out/<drive>/ each, out/_fleet/fleet.html.""",
     "serve-cameras": """
   drivepercept serve-cameras sample_videos/rig.toml --port 8554
 Each camera is at http://127.0.0.1:PORT/<name>.mjpg; runs until Ctrl-C or SIGTERM.""",
@@ -79,8 +83,8 @@ def _flags(p: argparse.ArgumentParser, *specs: tuple[str, Any, str]) -> None:
             p.add_argument(flag, type=kind, help=help_text)
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sources", nargs="*", metavar="SOURCE", help="rig.toml, video, folder, ...")
+def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
+    p.add_argument("sources", nargs="*", metavar=what, help="rig.toml, video, folder, ...")
     _flags(
         p,
         ("--rig", str, "a rig file (same as giving it as a SOURCE)"),
@@ -164,6 +168,22 @@ def build_parser() -> Parser:
     _model_args(rep)
     _run_args(rep)
     rep.add_argument("--realtime", action="store_true", help="pace files as live cameras")
+
+    fle = command("fleet", "replay many drives on Ray workers (local or a cluster), one report")
+    _model_args(fle, "DRIVE")
+    _flags(
+        fle,
+        ("--address", str, "auto or ray://HOST:PORT: join a cluster (default: start one here)"),
+        ("--workers", int, "at most this many workers (default: as resources allow)"),
+        ("--cpus-per-worker", float, "CPUs each worker asks for (default 1)"),
+        ("--gpus-per-worker", float, "GPUs each worker asks for (default 1 if GPUs, else 0)"),
+        ("--max-retries", int, "retries of a drive whose worker died (default 2)"),
+        ("--resume", "store_true", "skip drives already complete with the same options"),
+        ("--budget-ms", float, "latency budget of the reports' deadline misses (default 100)"),
+        ("--report", str, "each drive's report files: html,json,csv,trace (default all)"),
+        ("--save-video", "const", "also write annotated videos, one per camera"),
+    )
+    fle.add_argument("--out", required=True, type=Path, help="fleet folder: <drive>/, _fleet/")
 
     liv = command("live", "run detection on live cameras and streams (device, /dev/video, URL)")
     _model_args(liv)

@@ -265,3 +265,21 @@ def sweep_plot(
     fig.legend(*fps_ax.get_legend_handles_labels(), fontsize=8, ncol=7, loc="lower center")
     fig.suptitle(title)
     return _png(fig)
+
+
+def worker_timeline(spans: Sequence[tuple[str, str, float, float, bool]]) -> bytes | None:
+    """A fleet's drives on its workers: (worker, drive, start s, duration s, ok) bars, one
+    row per worker (grey: a drive that failed). None when there is nothing to draw."""
+    if not spans:
+        return None
+    workers = sorted({s[0] for s in spans})
+    fig, axes = _figure((10.0, 0.9 + 0.45 * len(workers)), margins_in=(1.8, 0.2, 0.5, 0.1))
+    ax = axes[0][0]
+    for worker, drive, start_s, dur_s, ok in spans:
+        row = workers.index(worker)
+        ax.broken_barh([(start_s, dur_s)], (row - 0.4, 0.8), color="C0" if ok else "0.6")
+        ax.text(start_s + dur_s / 2, row, drive, ha="center", va="center", fontsize=7, color="w")
+    ax.set_yticks(range(len(workers)), workers, fontsize=8)
+    ax.set_xlabel("seconds since the first drive started")
+    ax.grid(alpha=0.3, axis="x")
+    return _png(fig)

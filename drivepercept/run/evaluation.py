@@ -85,21 +85,7 @@ def evaluate(
     result = run(options, progress=progress)
     if result.stats.interrupted:
         return None
-    # Every ground-truth frame of the replayed cameras (up to max_frames) is scored: a
-    # frame the pipeline did not emit (a truncated video, say) counts as all misses.
-    limit = int(chosen.get("max_frames", 0))
-    _check_folders_read(truth, result, limit)
-    wanted = [
-        (str(im["camera"]), int(im["frame_index"]))
-        for im in truth.coco["images"]
-        if im["camera"] in truth.cameras and (not limit or int(im["frame_index"]) < limit)
-    ]
-    report = score(
-        truth.coco,
-        list(result.detections()),
-        thresholds=thresholds or EvalThresholds(),
-        images=wanted,
-    )
+    report = score_run(truth, result, thresholds=thresholds, limit=int(chosen.get("max_frames", 0)))
     record = result.record
     write_json(
         RunDir(result.run_dir).eval_json,
@@ -117,6 +103,38 @@ def evaluate(
         },
     )
     return EvaluateResult(report=report, run=result)
+
+
+def score_run(
+    truth: GroundTruth,
+    result: RunResult,
+    *,
+    thresholds: EvalThresholds | None = None,
+    limit: int = 0,
+    by_camera: bool = True,
+) -> EvalReport:
+    """A finished run's detections scored against the labels it was run on (`by_camera`:
+    each camera scored alone too, one more COCO evaluation a camera).
+
+    Every ground-truth frame of the replayed cameras (up to `limit` a camera, 0: all) is
+    scored: a frame the pipeline did not emit (a truncated video, say) counts as all misses.
+
+    Raises:
+        ConfigError: an image folder's reader skipped an image (frames would not match labels).
+    """
+    _check_folders_read(truth, result, limit)
+    wanted = [
+        (str(im["camera"]), int(im["frame_index"]))
+        for im in truth.coco["images"]
+        if im["camera"] in truth.cameras and (not limit or int(im["frame_index"]) < limit)
+    ]
+    return score(
+        truth.coco,
+        list(result.detections()),
+        thresholds=thresholds or EvalThresholds(),
+        images=wanted,
+        by_camera=by_camera,
+    )
 
 
 def _check_folders_read(truth: GroundTruth, result: RunResult, limit: int) -> None:

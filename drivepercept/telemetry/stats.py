@@ -9,8 +9,9 @@ zero.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -232,6 +233,40 @@ class LatencyHistogram:
         self.count += 1
         if not value_ms <= self.max_ms:  # also replaces the initial NaN
             self.max_ms = value_ms
+
+    def to_json(self) -> dict[str, Any]:
+        """The buckets that hold frames, as {"bucket index": count}, with the count and maximum:
+        what a histogram from another process needs to be merged here (`merge`)."""
+        nonzero = np.flatnonzero(self._counts)
+        return {
+            "resolution": round(math.expm1(self._log_step), 9),
+            "min_ms": round(math.exp(self._log_min), 9),
+            "buckets": {str(int(k)): int(self._counts[k]) for k in nonzero},
+            "count": self.count,
+            "max_ms": None if self.count == 0 else self.max_ms,
+        }
+
+    def merge(self, data: Mapping[str, Any]) -> None:
+        """Add a histogram written by `to_json` (same bucket layout) to this one: the merged
+        percentiles are those of all the frames together, not an average of percentiles.
+
+        Raises:
+            ValueError: another bucket layout, or a damaged record.
+        """
+        same = math.isclose(float(data["resolution"]), math.expm1(self._log_step), rel_tol=1e-6)
+        if not (same and math.isclose(float(data["min_ms"]), math.exp(self._log_min))):
+            raise ValueError("latency histograms with other buckets cannot be merged")
+        buckets = {int(k): int(v) for k, v in dict(data["buckets"]).items()}
+        if any(not 0 <= k < self._counts.size or v < 0 for k, v in buckets.items()):
+            raise ValueError("latency histogram record has buckets out of range")
+        if sum(buckets.values()) != int(data["count"]):
+            raise ValueError("latency histogram record's count is not the sum of its buckets")
+        for k, v in buckets.items():
+            self._counts[k] += v
+        self.count += int(data["count"])
+        top = data.get("max_ms")
+        if top is not None and not float(top) <= self.max_ms:
+            self.max_ms = float(top)
 
     def percentile(self, q: float) -> float:
         """The q-th percentile (0-100), as its bucket's upper edge (capped at the maximum)."""
