@@ -15,7 +15,14 @@ import cv2
 import numpy as np
 import pytest
 
-from drivepercept.sim.serve import CameraServer, ServeError, cameras_from_sources, serve_forever
+from drivepercept.sim.serve import (
+    CameraServer,
+    ServeError,
+    _JpegLoop,
+    _open_video,
+    cameras_from_sources,
+    serve_forever,
+)
 
 SAMPLE_RIG = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
 RIG_NAMES = ["front", "front_left", "front_right", "back", "back_left", "back_right"]
@@ -144,6 +151,59 @@ def test_opencv_reads_a_live_looping_stream(video: Path) -> None:
     levels = [level(frame) for _, frame in frames]
     assert len(set(levels)) >= 5, levels
     assert any(b < a for a, b in itertools.pairwise(levels)), f"never looped: {levels}"
+
+
+def jpeg_loop(path: Path, **budget: int) -> _JpegLoop:
+    capture, first, _ = _open_video(path)
+    return _JpegLoop(path, capture, first, quality=90, **budget)
+
+
+def decode(jpeg: bytes) -> np.ndarray:
+    image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None
+    return np.asarray(image)
+
+
+def decoded_level(jpeg: bytes) -> int:
+    return level(decode(jpeg))
+
+
+def test_later_passes_replay_the_first_passs_jpegs(video: Path) -> None:
+    # given the 10-frame video as a JPEG loop with room for all of it
+    frames = jpeg_loop(video)
+    # when three passes are taken
+    passes = [[frames.next(None) for _ in range(10)] for _ in range(3)]
+    frames.close()
+    # then the first pass holds every frame in order, and later passes are its very bytes,
+    # sent without decoding the file again
+    assert [decoded_level(j) for j in passes[0]] == list(range(10))
+    assert passes[1] == passes[0] and passes[2] == passes[0]
+    assert frames.replaying
+
+
+def test_a_video_over_the_budget_is_decoded_on_every_pass(video: Path) -> None:
+    # given a budget smaller than the video's JPEGs
+    frames = jpeg_loop(video, budget_bytes=2_000)
+    # when it is looped twice
+    levels = [decoded_level(frames.next(None)) for _ in range(20)]
+    frames.close()
+    # then it still loops frame by frame, and never replays from memory
+    assert levels == list(range(10)) * 2
+    assert not frames.replaying
+
+
+def test_a_resized_frame_from_the_kept_pass_is_encoded_at_its_new_size(video: Path) -> None:
+    # given a loop replaying its kept pass
+    frames = jpeg_loop(video)
+    for _ in range(10):
+        frames.next(None)
+    assert frames.replaying
+    # when the next frame is asked for at another size, then one at the video's own
+    resized, own = decode(frames.next((80, 48))), decode(frames.next(None))
+    frames.close()
+    # then each has its size, and the frames go on in order
+    assert resized.shape == (48, 80, 3) and level(resized) == 0
+    assert own.shape == (SIZE[1], SIZE[0], 3) and level(own) == 1
 
 
 @pytest.mark.timeout(20)
