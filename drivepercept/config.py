@@ -63,6 +63,10 @@ class PipelineConfig:
             (CUDA only; `engine/graphs.py`).
         torch_threads: torch's intra-op threads for the model (process-wide, set when the
             engine starts); 0 leaves torch's default (one per core).
+        cpu_lanes: on a CPU, run each batch as this many sub-batches at once, each on its
+            share of the torch threads (`engine/lanes.py`); 0 = one lane per torch thread (at
+            most the rig's batch), 1 = one batch with every operation spread over the threads.
+            Ignored on a GPU, for ONNX models, with compile and with CUDA graphs.
     """
 
     batch_timeout_ms: float = 20.0
@@ -83,6 +87,7 @@ class PipelineConfig:
     compile: bool = False
     cuda_graphs: bool = False
     torch_threads: int = 0
+    cpu_lanes: int = 0
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -125,6 +130,8 @@ class PipelineConfig:
             raise ConfigError(
                 f"torch_threads must be 0 (torch's default) to 1024, got {self.torch_threads}"
             )
+        if not 0 <= self.cpu_lanes <= 1024:
+            raise ConfigError(f"cpu_lanes must be 0 (automatic) to 1024, got {self.cpu_lanes}")
         if self.cuda_graphs and self.device == "cpu":
             # 'auto' that finds no GPU is refused where the device is resolved (DetectorStep)
             raise ConfigError("cuda_graphs needs a CUDA device, got device 'cpu'")

@@ -245,6 +245,7 @@ def test_every_table_says_its_speed_options_and_load() -> None:
             "cuda_graphs": False,
             "torch_threads": 0,
             "torch_threads_used": 16,
+            "cpu_lanes": None,
             "fallbacks": ["compile: no compiler here"],
         }
         # and the load: GPU utilization mean/max, memory, CPU, in the table and the JSON

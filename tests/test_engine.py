@@ -386,7 +386,7 @@ def test_warm_up_runs_a_full_and_a_single_batch_before_any_frame_and_counts_neit
     detector = Detector(
         name="rec", module=Recording(), input=InputSpec(size=(64, 64)), class_names=("a", "b")
     )
-    config = PipelineConfig(device="cpu", score_threshold=0.0)
+    config = PipelineConfig(device="cpu", score_threshold=0.0, cpu_lanes=1)
     engine, sink = _queued_engine(detector, config, batches=3, batch_size=4)
     _run_engine(engine)
     assert seen == [4, 1, 4, 4, 4]
@@ -397,7 +397,7 @@ def test_warm_up_runs_a_full_and_a_single_batch_before_any_frame_and_counts_neit
     # and without it, only the real batches run
     seen.clear()
     engine, sink = _queued_engine(
-        detector, PipelineConfig(device="cpu", warmup=False), batches=2, batch_size=4
+        detector, PipelineConfig(device="cpu", warmup=False, cpu_lanes=1), batches=2, batch_size=4
     )
     _run_engine(engine)
     assert seen == [4, 4] and engine.warmup == ()

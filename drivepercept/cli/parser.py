@@ -104,6 +104,7 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ("--compile", "switch", "torch.compile the model in the warm-up (default off)"),
         ("--cuda-graphs", "switch", "replay the full batch as one CUDA graph (default off)"),
         ("--torch-threads", int, "torch's threads for the model (default 0: one per core)"),
+        ("--cpu-lanes", int, "CPU: sub-batches run at once (default 0: one per torch thread)"),
         ("--score-threshold", float, "default 0.3"),
         ("--queue-capacity", int, "frames waiting per camera (default 4; live 1)"),
         ("--max-frames", int, "stop each camera after N frames"),

@@ -92,7 +92,7 @@ class InferenceEngine:
         self.ready = threading.Event()  # set once warmed up (or failed): batches may come
         self.ready_ns = 0  # monotonic time the warm-up ended
         with on_device(device):
-            self.step = DetectorStep(detector, config, device)
+            self.step = DetectorStep(detector, config, device, max_batch=max_batch)
             # One output buffer: the completion thread reads it before it post-processes the
             # next batch. Pinned on CUDA so the device-to-host copy is asynchronous.
             k = config.max_detections
@@ -266,6 +266,10 @@ class InferenceEngine:
         log.debug("warm-up: %s", ", ".join(f"batch {r.batch_size}: {r.ms:.1f} ms" for r in runs))
 
     def _run_submit(self) -> None:
+        with self.step.lane_threads():  # this thread computes a batch's first lane itself
+            self._submit_batches()
+
+    def _submit_batches(self) -> None:
         pending: Staged | None = None
         try:
             if self.config.warmup:
@@ -295,6 +299,7 @@ class InferenceEngine:
             if pending is not None and not self.stop.is_set():
                 self._launch(pending)
         finally:
+            self.step.close()  # the lane threads: nothing computes after this thread
             put_until_stopped(self._in_flight, None, self.stop)
 
     def _launch(self, staged: Staged) -> None:

@@ -8,18 +8,21 @@ side.
 
 With `compile` the model call goes through `engine/compiled.py` (compiled in the warm-up,
 eager after one warning if it cannot be), with `cuda_graphs` the whole forward (autocast
-included) through `engine/graphs.py` (one CUDA graph at the full batch, replayed).
+included) through `engine/graphs.py` (one CUDA graph at the full batch, replayed). On a CPU
+the model call runs as sub-batches at once, one per lane (`engine/lanes.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.compiled import CompiledModel
 from drivepercept.engine.graphs import GraphedForward
+from drivepercept.engine.lanes import Lanes, plan_lanes, threads_per_lane
 from drivepercept.engine.precision import autocast, set_reduced_precision
 from drivepercept.engine.stages import label_table, postprocess, to_model_input
 from drivepercept.errors import ConfigError
@@ -37,12 +40,23 @@ class DetectorStep:
     constants and the class filter on the device once. Set-up is idempotent, so one detector
     may be set up again (bench does: once for itself, once per pipeline it runs).
 
+    `max_batch` is the largest batch it will be given (the rig's cameras): on a CPU it bounds
+    the lanes, so that a one-camera rig keeps every thread on its one frame. Without it the
+    model runs in one lane. A step with lanes owns their threads: `close()` ends them.
+
     Raises:
         ConfigError: CUDA graphs asked for on a device that is not a GPU.
         ModelError: the detector's `reduced_precision` names no submodule.
     """
 
-    def __init__(self, detector: Detector, config: PipelineConfig, device: torch.device) -> None:
+    def __init__(
+        self,
+        detector: Detector,
+        config: PipelineConfig,
+        device: torch.device,
+        *,
+        max_batch: int = 1,
+    ) -> None:
         if config.cuda_graphs and device.type != "cuda":
             raise ConfigError(f"cuda_graphs needs a CUDA device, got device {str(device)!r}")
         self.detector = detector
@@ -78,6 +92,36 @@ class DetectorStep:
         # what the pipeline reports: the kept classes, renamed and merged as the detector says
         self.class_names, table = detector.output_classes()
         self.remap = label_table(table, device)
+        # the model's torch threads in all: as configured, else the creating thread's count
+        self.threads = config.torch_threads or torch.get_num_threads()
+        eligible = detector.runtime is None and not config.compile and not config.cuda_graphs
+        lanes = plan_lanes(
+            config.cpu_lanes,
+            device=device,
+            threads=self.threads,
+            max_batch=max_batch,
+            eligible=eligible,
+        )
+        self.lanes = Lanes(lanes, threads=threads_per_lane(self.threads, lanes))
+
+    @contextlib.contextmanager
+    def lane_threads(self) -> Iterator[None]:
+        """While the calling thread runs the model, it is a lane too (it computes the first
+        sub-batch): it gets one lane's share of torch's threads, and the model's count back
+        afterwards. torch's count is per thread and the default of threads started later, so
+        this is entered by the thread that calls the model (the engine's, the benchmark's)."""
+        if self.lanes.count == 1:
+            yield
+            return
+        torch.set_num_threads(self.lanes.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(self.threads)
+
+    def close(self) -> None:
+        """End the lane threads; idempotent."""
+        self.lanes.close()
 
     def normalise(self, batch_u8: torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 on the device -> the model's float input."""
@@ -97,6 +141,10 @@ class DetectorStep:
         return self._run_model(x)
 
     def _run_model(self, x: torch.Tensor) -> Outputs:
+        return self.lanes.map(self._call_model, x)
+
+    def _call_model(self, x: torch.Tensor) -> Outputs:
+        """The model on (part of) a batch; autocast is per thread, so it is entered here."""
         whole = autocast(self.config.precision, self.device) if self._whole_autocast else None
         call = self.compiled if self.compiled is not None else self.model
         with whole or contextlib.nullcontext():

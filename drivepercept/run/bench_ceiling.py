@@ -18,6 +18,7 @@ NVML's averaging window on a GPU; see `telemetry.loadwatch`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -133,38 +134,40 @@ def ceiling(
     detector = detector or load_model(options)
     device = resolve_device(config.device)
     set_torch_threads(config)
-    runner = DetectorStep(detector, config, device)
-    frames = first_frames(cams, detector.input).to(device)  # on the device before timing
-    sizes = range(1, len(cams) + 1)
-    for size in sizes:
-        for _ in range(warmup):
-            runner(frames[:size])
-    fps: dict[int, float] = dict.fromkeys(sizes, 0.0)
-    latency_ms: dict[int, list[float]] = {size: [] for size in sizes}
-    with watch_load(gpu_refs(device), rate_hz=config.sample_hz) as load:
-        timed_from = time.monotonic_ns()
-        for _ in range(rounds):
-            for size in sizes:
-                batch = frames[:size]
-                started = time.perf_counter_ns()
-                for _ in range(batches):
-                    t0 = time.perf_counter_ns()
-                    runner(batch)  # waits: results are on the host when it returns
-                    latency_ms[size].append((time.perf_counter_ns() - t0) / 1e6)
-                seconds = (time.perf_counter_ns() - started) / 1e9
-                fps[size] = max(fps[size], batches * size / seconds)
-        timed = (timed_from, time.monotonic_ns())
-    lines = []
-    for size in sizes:
-        stats = latency_stats(latency_ms[size])
-        lines.append(CeilingLine(size, batches, fps[size], stats.p50_ms, stats.p99_ms))
-    return CeilingResult(
-        tuple(lines),
-        model=detector.name,
-        input_size=detector.input.size,
-        device=str(device),
-        precision=config.precision,
-        rounds=rounds,
-        speed=SpeedOptions.of(config, runner),
-        load=load.figures([timed]),
-    )
+    runner = DetectorStep(detector, config, device, max_batch=len(cams))
+    # this thread computes a lane of each batch, as the engine's does
+    with contextlib.closing(runner), runner.lane_threads():
+        frames = first_frames(cams, detector.input).to(device)  # on the device before timing
+        sizes = range(1, len(cams) + 1)
+        for size in sizes:
+            for _ in range(warmup):
+                runner(frames[:size])
+        fps: dict[int, float] = dict.fromkeys(sizes, 0.0)
+        latency_ms: dict[int, list[float]] = {size: [] for size in sizes}
+        with watch_load(gpu_refs(device), rate_hz=config.sample_hz) as load:
+            timed_from = time.monotonic_ns()
+            for _ in range(rounds):
+                for size in sizes:
+                    batch = frames[:size]
+                    started = time.perf_counter_ns()
+                    for _ in range(batches):
+                        t0 = time.perf_counter_ns()
+                        runner(batch)  # waits: results are on the host when it returns
+                        latency_ms[size].append((time.perf_counter_ns() - t0) / 1e6)
+                    seconds = (time.perf_counter_ns() - started) / 1e9
+                    fps[size] = max(fps[size], batches * size / seconds)
+            timed = (timed_from, time.monotonic_ns())
+        lines = []
+        for size in sizes:
+            stats = latency_stats(latency_ms[size])
+            lines.append(CeilingLine(size, batches, fps[size], stats.p50_ms, stats.p99_ms))
+        return CeilingResult(
+            tuple(lines),
+            model=detector.name,
+            input_size=detector.input.size,
+            device=str(device),
+            precision=config.precision,
+            rounds=rounds,
+            speed=SpeedOptions.of(config, runner),
+            load=load.figures([timed]),
+        )

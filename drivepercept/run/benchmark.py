@@ -61,7 +61,10 @@ class SpeedOptions:
     Attributes:
         precision, channels_last, compile, cuda_graphs: as the pipeline config says.
         torch_threads: as configured (0: torch's default); threads_used: torch's intra-op
-            threads when the measurement ended (the default resolved, or the setting).
+            threads when the measurement ended (the default resolved, or the setting; with
+            CPU lanes, each lane's share).
+        cpu_lanes: the CPU lanes the benchmark's own model step ran (`engine/lanes.py`);
+            None where only pipelines ran (their run.json says, under environment).
         fallbacks: options asked for that ran eagerly instead, and why (as far as the
             benchmark's own model step saw).
     """
@@ -73,11 +76,13 @@ class SpeedOptions:
     torch_threads: int
     threads_used: int
     fallbacks: tuple[str, ...] = ()
+    cpu_lanes: int | None = None
 
     @classmethod
     def of(cls, config: PipelineConfig, step: DetectorStep | None = None) -> SpeedOptions:
         """The options of `config`, read after the measurement (and `step`'s fallbacks)."""
         fallbacks = []
+        lanes = step.lanes if step is not None and step.lanes.count > 1 else None
         if step is not None and step.compiled is not None and step.compiled.failure:
             fallbacks.append(f"compile: {step.compiled.failure}")
         if step is not None and step.graphed is not None and step.graphed.failure:
@@ -88,8 +93,9 @@ class SpeedOptions:
             compile=config.compile,
             cuda_graphs=config.cuda_graphs,
             torch_threads=config.torch_threads,
-            threads_used=torch.get_num_threads(),
+            threads_used=lanes.threads if lanes is not None else torch.get_num_threads(),
             fallbacks=tuple(fallbacks),
+            cpu_lanes=step.lanes.count if step is not None else None,
         )
 
     def line(self) -> str:
@@ -100,6 +106,8 @@ class SpeedOptions:
             f"{_on(self.compile)}, cuda graphs {_on(self.cuda_graphs)}, torch threads "
             f"{self.threads_used}{default}"
         )
+        if self.cpu_lanes is not None and self.cpu_lanes > 1:
+            text += f" in each of {self.cpu_lanes} CPU lanes"
         return text + (f"; ran eagerly: {'; '.join(self.fallbacks)}" if self.fallbacks else "")
 
     def as_dict(self) -> dict[str, Any]:
@@ -110,6 +118,7 @@ class SpeedOptions:
             "cuda_graphs": self.cuda_graphs,
             "torch_threads": self.torch_threads,
             "torch_threads_used": self.threads_used,
+            "cpu_lanes": self.cpu_lanes,
             "fallbacks": list(self.fallbacks),
         }
 
@@ -314,37 +323,52 @@ def bench(
     detector = detector or load_model(options)
     device = resolve_device(config.device)
     set_torch_threads(config)
-    # the engine's own steps, run synchronously: the same model set-up and precision
-    runner = DetectorStep(detector, config, device)
-    spec = detector.input
-    batch = first_frames(cams, spec)  # also says at once when a camera has no frame
-    if "pipeline" not in modes or len(modes) > 1:
-        for _ in range(warmup):
-            runner(batch)
-            runner(batch[:1])
+    # the engine's own steps, run synchronously: the same model set-up, precision, threads
+    # and CPU lanes (this thread computing a lane, as the engine's does, while it runs them)
+    runner = DetectorStep(detector, config, device, max_batch=len(cams))
+    try:
+        spec = detector.input
+        batch = first_frames(cams, spec)  # also says at once when a camera has no frame
+        if "pipeline" not in modes or len(modes) > 1:
+            with runner.lane_threads():
+                for _ in range(warmup):
+                    runner(batch)
+                    runner(batch[:1])
 
-    measure = {
-        "model-only": lambda: _model_only(runner, batch, frames_per_camera),
-        "pipeline": lambda: _pipeline(cams, detector, config, frames_per_camera),
-        "naive": lambda: _naive(cams, runner, spec, frames_per_camera),
-    }
-    lines: dict[str, list[BenchLine]] = {mode: [] for mode in MODES if mode in modes}
-    windows: dict[str, list[Window]] = {mode: [] for mode in lines}
-    with watch_load(gpu_refs(device), rate_hz=config.sample_hz) as load:
-        for _ in range(rounds):
-            for mode, found in lines.items():
-                line, window = measure[mode]()
-                found.append(line)
-                windows[mode].append(window)
-    return BenchResult(
-        tuple(
-            dataclasses.replace(max(found, key=lambda x: x.fps), load=load.figures(windows[mode]))
-            for mode, found in lines.items()
-        ),
-        batch=len(cams),
-        device=str(device),
-        rounds=rounds,
-        model=detector.name,
-        input_size=detector.input.size,
-        speed=SpeedOptions.of(config, runner),
-    )
+        def model_only() -> tuple[BenchLine, Window]:
+            with runner.lane_threads():
+                return _model_only(runner, batch, frames_per_camera)
+
+        def naive() -> tuple[BenchLine, Window]:
+            with runner.lane_threads():
+                return _naive(cams, runner, spec, frames_per_camera)
+
+        measure = {
+            "model-only": model_only,
+            "pipeline": lambda: _pipeline(cams, detector, config, frames_per_camera),
+            "naive": naive,
+        }
+        lines: dict[str, list[BenchLine]] = {mode: [] for mode in MODES if mode in modes}
+        windows: dict[str, list[Window]] = {mode: [] for mode in lines}
+        with watch_load(gpu_refs(device), rate_hz=config.sample_hz) as load:
+            for _ in range(rounds):
+                for mode, found in lines.items():
+                    line, window = measure[mode]()
+                    found.append(line)
+                    windows[mode].append(window)
+        return BenchResult(
+            tuple(
+                dataclasses.replace(
+                    max(found, key=lambda x: x.fps), load=load.figures(windows[mode])
+                )
+                for mode, found in lines.items()
+            ),
+            batch=len(cams),
+            device=str(device),
+            rounds=rounds,
+            model=detector.name,
+            input_size=detector.input.size,
+            speed=SpeedOptions.of(config, runner),
+        )
+    finally:
+        runner.close()

@@ -49,8 +49,9 @@ from drivepercept.sources.readers import FrameReader
 from drivepercept.telemetry.counters import RunStats
 
 
-def environment(device: str) -> dict[str, Any]:
-    """Versions and device names."""
+def environment(device: str, *, threads: int | None = None, lanes: int = 1) -> dict[str, Any]:
+    """Versions and device names; the model's torch threads in all (torch's count now when
+    not given) and the CPU lanes they are shared among (`engine/lanes.py`)."""
     env: dict[str, Any] = {
         "drivepercept": __version__,
         "python": platform.python_version(),
@@ -60,7 +61,8 @@ def environment(device: str) -> dict[str, Any]:
         "opencv": cv2.__version__,
         "numpy": np.__version__,
         "device": device,
-        "cpu_threads": torch.get_num_threads(),
+        "cpu_threads": torch.get_num_threads() if threads is None else threads,
+        "cpu_lanes": lanes,
         "omp_wait_policy": wait_policy(),
     }
     if device.startswith("cuda"):
@@ -184,7 +186,11 @@ def first_record(
         },
         config=dataclasses.asdict(pipeline.config),
         sources=sources_record(cams, readers, live=options.mode is Mode.LIVE),
-        environment=environment(str(pipeline.device)),
+        environment=environment(
+            str(pipeline.device),
+            threads=pipeline.engine.step.threads,
+            lanes=pipeline.engine.step.lanes.count,
+        ),
         telemetry=pipeline.sampler.info.as_dict() if pipeline.sampler is not None else None,
         reconnect=dataclasses.asdict(options.reconnect) if live else None,
         duration_s=options.duration_s if live else None,

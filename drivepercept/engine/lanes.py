@@ -1,0 +1,118 @@
+"""CPU lanes: on a CPU, a batch is cut into sub-batches that run at once, one per lane,
+instead of every operation being spread over all the cores.
+
+torch's intra-op parallelism splits each operation over its threads and waits for all of them
+at the end of it; a detector of a few million parameters at a few hundred pixels is hundreds
+of small operations, so the cores spend much of a batch waking up, waiting for each other and
+waiting for the one Python thread that dispatches the next operation. Running independent
+sub-batches in parallel keeps every core on its own work. Measured on the 2-core machine with
+a YOLOv8n-size network at 320x320, batch 6 (docs/BENCHMARKS.md, "CPU lanes"): one batch with
+torch on 2 threads 120-130 ms (46-50 frames/s); two lanes of 3 frames, one torch thread each,
+100-102 ms (59-60 frames/s). Lower latency and more throughput at once.
+
+Each lane is a named, owned thread (`engine-lane_<n>`; the calling thread runs the first
+sub-batch itself). Thread-local torch state is per thread: the caller's inference mode is set
+again in each lane, the model call itself enters autocast there, and torch's intra-op thread
+count (per thread too, and the default of threads started later) is set in each lane thread
+when it starts and, by `DetectorStep.lane_threads`, in the calling thread while it computes.
+
+Lanes are off (one lane) on a GPU, for a network that another runtime runs with its own
+threads (ONNX Runtime), with torch.compile (each sub-batch size would be compiled anew) and
+with CUDA graphs. A batch smaller than the lanes runs in fewer of them, each on its share of
+the threads only (a one-frame batch with two lanes on two cores computes on one thread).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Outputs = list[dict[str, torch.Tensor]]
+
+
+def plan_lanes(
+    requested: int,
+    *,
+    device: torch.device,
+    threads: int,
+    max_batch: int,
+    eligible: bool = True,
+) -> int:
+    """How many lanes a batch runs in.
+
+    Args:
+        requested: the configured count; 0 is automatic (one lane per torch thread).
+        device: the engine's device: lanes are a CPU layout.
+        threads: the torch threads the model has in all (configured, else torch's count).
+        max_batch: the largest batch: more lanes than frames would idle.
+        eligible: False where lanes do not apply (another runtime, compile, CUDA graphs).
+    """
+    if device.type != "cpu" or not eligible or max_batch < 2:
+        return 1
+    wanted = requested if requested > 0 else threads
+    return max(1, min(wanted, max_batch))
+
+
+def threads_per_lane(threads: int, lanes: int) -> int:
+    """torch's intra-op threads in each lane: the threads shared out, at least one."""
+    return max(1, threads // lanes)
+
+
+class Lanes:
+    """Runs a model call over a batch as `count` sub-batches at once.
+
+    `map(fn, x)` splits `x` along its first dimension into up to `count` near-equal parts,
+    runs `fn` on the first in the calling thread and on the others in the lane threads, and
+    returns the per-image outputs in batch order. An exception in any lane is raised in the
+    caller once every lane has finished (no lane is left running on a batch that failed).
+    Not re-entrant: one caller (the engine thread, or the benchmark) at a time.
+    """
+
+    def __init__(self, count: int, *, threads: int = 1, name: str = "engine-lane") -> None:
+        if count < 1 or threads < 1:
+            raise ValueError(f"expected at least 1 lane and 1 thread, got {count}, {threads}")
+        self.count = count
+        self.threads = threads  # torch's intra-op threads in each lane
+        self._pool = (
+            ThreadPoolExecutor(
+                max_workers=count - 1,
+                thread_name_prefix=name,
+                initializer=torch.set_num_threads,
+                initargs=(threads,),
+            )
+            if count > 1
+            else None
+        )
+
+    def map(self, fn: Callable[[torch.Tensor], Outputs], x: torch.Tensor) -> Outputs:
+        if self._pool is None or x.shape[0] < 2:
+            return fn(x)
+        parts = [p for p in torch.tensor_split(x, min(self.count, x.shape[0])) if p.shape[0]]
+        inference = torch.is_inference_mode_enabled()
+
+        def lane(part: torch.Tensor) -> Outputs:
+            with torch.inference_mode(inference):
+                return fn(part)
+
+        futures: list[Future[Outputs]] = [self._pool.submit(lane, p) for p in parts[1:]]
+        try:
+            outputs = fn(parts[0])
+        finally:
+            done = [f.exception() for f in futures]  # waits for every lane
+        for error in done:
+            if error is not None:
+                raise error
+        for future in futures:
+            outputs = outputs + future.result()
+        return outputs
+
+    def close(self) -> None:
+        """Stop the lane threads (after the call in progress, if any); idempotent."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
