@@ -18,19 +18,17 @@ when it starts and, by `DetectorStep.lane_threads`, in the calling thread while 
 
 Lanes are off (one lane) on a GPU, for a network that another runtime runs with its own
 threads (ONNX Runtime), with torch.compile (each sub-batch size would be compiled anew) and
-with CUDA graphs. A batch smaller than the lanes runs in fewer of them, each on its share of
-the threads only (a one-frame batch with two lanes on two cores computes on one thread).
+with CUDA graphs. A one-frame batch (a partial live batch, the benchmark's naive loop) runs
+in the calling thread on all the model's threads; a batch of fewer frames than lanes but
+more than one runs in fewer lanes, each on its share of the threads.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
-
-log = logging.getLogger(__name__)
 
 Outputs = list[dict[str, torch.Tensor]]
 
@@ -68,16 +66,20 @@ class Lanes:
 
     `map(fn, x)` splits `x` along its first dimension into up to `count` near-equal parts,
     runs `fn` on the first in the calling thread and on the others in the lane threads, and
-    returns the per-image outputs in batch order. An exception in any lane is raised in the
+    returns the per-image outputs in batch order (one frame runs in the calling thread with
+    torch's count raised to `total` for the call). An exception in any lane is raised in the
     caller once every lane has finished (no lane is left running on a batch that failed).
     Not re-entrant: one caller (the engine thread, or the benchmark) at a time.
     """
 
-    def __init__(self, count: int, *, threads: int = 1, name: str = "engine-lane") -> None:
+    def __init__(
+        self, count: int, *, threads: int = 1, total: int = 1, name: str = "engine-lane"
+    ) -> None:
         if count < 1 or threads < 1:
             raise ValueError(f"expected at least 1 lane and 1 thread, got {count}, {threads}")
         self.count = count
         self.threads = threads  # torch's intra-op threads in each lane
+        self.total = max(total, threads)  # the model's threads in all: a one-frame batch's
         self._pool = (
             ThreadPoolExecutor(
                 max_workers=count - 1,
@@ -90,8 +92,15 @@ class Lanes:
         )
 
     def map(self, fn: Callable[[torch.Tensor], Outputs], x: torch.Tensor) -> Outputs:
-        if self._pool is None or x.shape[0] < 2:
+        if self._pool is None:
             return fn(x)
+        if x.shape[0] < 2:  # one frame: one lane, on all the model's threads
+            before = torch.get_num_threads()
+            torch.set_num_threads(self.total)
+            try:
+                return fn(x)
+            finally:
+                torch.set_num_threads(before)
         parts = [p for p in torch.tensor_split(x, min(self.count, x.shape[0])) if p.shape[0]]
         inference = torch.is_inference_mode_enabled()
 

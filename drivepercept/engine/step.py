@@ -102,7 +102,7 @@ class DetectorStep:
             max_batch=max_batch,
             eligible=eligible,
         )
-        self.lanes = Lanes(lanes, threads=threads_per_lane(self.threads, lanes))
+        self.lanes = Lanes(lanes, threads=threads_per_lane(self.threads, lanes), total=self.threads)
 
     @contextlib.contextmanager
     def lane_threads(self) -> Iterator[None]:
