@@ -236,6 +236,7 @@ CLI_CASES = [
     case("replay-cuda-7", "replay {d}/tiny.avi {replay} --device cuda:7", 2, CUDA_7),
     case("replay-device-tpu", "replay {d}/tiny.avi {replay} --device tpu", 2, "device must be", "'tpu'"),
     case("replay-precision", "replay {d}/tiny.avi {replay} --precision fp8", 2, "precision", "'fp8'"),
+    case("replay-cpu-lanes", "replay {d}/tiny.avi {replay} --cpu-lanes -1", 2, "cpu_lanes must be 0", "-1"),
     case("replay-score", "replay {d}/tiny.avi {replay} --score-threshold 2", 2, "score_threshold", "got 2"),
     case("replay-max-frames-word", "replay {d}/tiny.avi {replay} --max-frames x", 2, "invalid int value", "'x'"),
     case("replay-input-size-huge", "replay {d}/tiny.avi {replay} --model yolox-nano --input-size 99999x99999", 2, "multiples of 32", "99999x99999"),
