@@ -91,22 +91,12 @@ def _parser() -> argparse.ArgumentParser:
 def build_weights(clips: list[Path], imgsz: int, path: Path) -> dict[str, float]:
     """bench_peer's network, settled and calibrated on the clips, saved for the plugin."""
     from _bench_peer import plugin
-    from _bench_peer.network import (
-        YoloAsDetector,
-        _Ultralytics,
-        build_network,
-        calibrate,
-        calibration_frames,
-        settle_norms,
-    )
+    from _bench_peer.network import _Ultralytics, calibrated_network
 
-    yolo = build_network(_Ultralytics())
-    net = yolo.model
-    names = [yolo.names[i] for i in range(len(yolo.names))]
-    frames = calibration_frames(clips, YoloAsDetector.build(net, names, imgsz))
-    settle_norms(net, frames)
-    calibration = calibrate(net, frames, conf=POSTPROCESS["score_threshold"], candidates=30)
-    plugin.save(path, net, names, imgsz)
+    yolo, detector, calibration = calibrated_network(
+        _Ultralytics(), clips, imgsz, conf=POSTPROCESS["score_threshold"], candidates=30
+    )
+    plugin.save(path, yolo.model, detector.class_names, imgsz)
     return calibration
 
 

@@ -161,3 +161,18 @@ def calibration_frames(
         raise FileNotFoundError(f"expected decodable videos, got no frame from {paths[0]}")
     batch = torch.from_numpy(np.stack(rows)).permute(0, 3, 1, 2).float() / 255.0
     return batch
+
+
+def calibrated_network(
+    peer: _Ultralytics, clips: Sequence[Path], imgsz: int, *, conf: float, candidates: int
+) -> tuple[Any, Detector, dict[str, float]]:
+    """YOLOv8n built, its norms settled and its class biases calibrated on `clips`: the
+    Ultralytics YOLO object (its `.model` the finished network), drivepercept's `Detector`
+    around that same network, and the calibration figures."""
+    yolo = build_network(peer)
+    names = [yolo.names[i] for i in range(len(yolo.names))]
+    detector = YoloAsDetector.build(yolo.model, names, imgsz)
+    frames = calibration_frames(clips, detector)
+    settle_norms(yolo.model, frames)
+    calibration = calibrate(yolo.model, frames, conf=conf, candidates=candidates)
+    return yolo, detector, calibration

@@ -16,14 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from _bench_peer.network import (
-    YoloAsDetector,
-    _Ultralytics,
-    build_network,
-    calibrate,
-    calibration_frames,
-    settle_norms,
-)
+from _bench_peer.network import _Ultralytics, build_network, calibrated_network
 from _bench_peer.options import TOOLS, Settings
 from _bench_peer.process import Globals, _get_threads, _set_threads
 from _bench_peer.stamps import ArrivalStamps, stamped_loader
@@ -246,13 +239,10 @@ def bench(settings: Settings, peer: _Ultralytics, globals_: Globals, work: Path)
     replay_frames = settings.replay_frames or shortest
     if replay_frames > shortest:
         raise ValueError(f"--replay-frames must be <= {shortest} (the shortest clip)")
-    yolo = build_network(peer)
+    yolo, detector, calibration = calibrated_network(
+        peer, clips, settings.imgsz, conf=settings.conf, candidates=settings.candidates
+    )
     net = yolo.model
-    names = [yolo.names[i] for i in range(len(yolo.names))]
-    detector = YoloAsDetector.build(net, names, settings.imgsz)
-    frames = calibration_frames(clips, detector)
-    settle_norms(net, frames)
-    calibration = calibrate(net, frames, conf=settings.conf, candidates=settings.candidates)
     # Ultralytics deep-copies the model it is given in every predictor set-up, so it never
     # runs the object itself; its rounds copy this copy of the finished network, made before
     # any round, so that what drivepercept sets on `net` (channels_last) stays on ours.
