@@ -142,28 +142,28 @@ def test_a_step_with_lanes_gives_the_boxes_of_one_lane_and_autocasts_in_each() -
     one = DetectorStep(_recording(), dataclasses.replace(config, cpu_lanes=1), CPU, max_batch=4)
     module = two.detector.module
     assert isinstance(module, Recording)
+    torch.set_num_threads(2)
     try:
-        # when both run it, the calling thread a lane of the first
-        with two.lane_threads():
-            packed2, counts2 = two(batch)
+        # when both run it (the calling thread computes the first lane itself)
+        packed2, counts2 = two(batch)
+        threads_after_batch = torch.get_num_threads()
         packed1, counts1 = one(batch)
         halves = list(module.calls)
-        # and a one-frame batch too
+        # and a one-frame batch from a thread that is on one torch thread
         module.calls.clear()
-        with two.lane_threads():
-            two(batch[:1])
-            threads_after_one = torch.get_num_threads()
+        torch.set_num_threads(1)
+        two(batch[:1])
+        threads_after_one = torch.get_num_threads()
     finally:
         two.close()
         one.close()
-    # then the lanes saw halves, each under bf16 autocast on one of the two threads, and the
-    # results are the same; the calling thread has its two threads back
+    # then the lanes saw halves, each under bf16 autocast on one of the two threads, the
+    # results are the same, and the calling thread has its own count back
     assert sorted(halves) == [(2, True, 1), (2, True, 1)]
-    assert torch.get_num_threads() == 2
+    assert threads_after_batch == 2
     assert two.lanes.count == 2 and one.lanes.count == 1
     assert torch.equal(counts1, counts2) and torch.allclose(packed1, packed2)
-    # and the one frame ran in the calling thread on both threads, which then had its lane's
-    # share back
+    # and the lone frame ran in the calling thread on both threads, then gave them back
     assert module.calls == [(1, True, 2)] and threads_after_one == 1
     assert lane_threads() == []
 

@@ -266,10 +266,6 @@ class InferenceEngine:
         log.debug("warm-up: %s", ", ".join(f"batch {r.batch_size}: {r.ms:.1f} ms" for r in runs))
 
     def _run_submit(self) -> None:
-        with self.step.lane_threads():  # this thread computes a batch's first lane itself
-            self._submit_batches()
-
-    def _submit_batches(self) -> None:
         pending: Staged | None = None
         try:
             if self.config.warmup:

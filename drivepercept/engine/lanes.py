@@ -14,7 +14,7 @@ Each lane is a named, owned thread (`engine-lane_<n>`; the calling thread runs t
 sub-batch itself). Thread-local torch state is per thread: the caller's inference mode is set
 again in each lane, the model call itself enters autocast there, and torch's intra-op thread
 count (per thread too, and the default of threads started later) is set in each lane thread
-when it starts and, by `DetectorStep.lane_threads`, in the calling thread while it computes.
+when it starts, and in the calling thread for each call, given back when it returns.
 
 Lanes are off (one lane) on a GPU, for a network that another runtime runs with its own
 threads (ONNX Runtime), with torch.compile (each sub-batch size would be compiled anew) and
@@ -66,8 +66,9 @@ class Lanes:
 
     `map(fn, x)` splits `x` along its first dimension into up to `count` near-equal parts,
     runs `fn` on the first in the calling thread and on the others in the lane threads, and
-    returns the per-image outputs in batch order (one frame runs in the calling thread with
-    torch's count raised to `total` for the call). An exception in any lane is raised in the
+    returns the per-image outputs in batch order. The calling thread runs on one lane's share
+    of torch's threads during the call (a lone frame on `total`) and has its own count back
+    after it. An exception in any lane is raised in the
     caller once every lane has finished (no lane is left running on a batch that failed).
     Not re-entrant: one caller (the engine thread, or the benchmark) at a time.
     """
@@ -94,13 +95,17 @@ class Lanes:
     def map(self, fn: Callable[[torch.Tensor], Outputs], x: torch.Tensor) -> Outputs:
         if self._pool is None:
             return fn(x)
-        if x.shape[0] < 2:  # one frame: one lane, on all the model's threads
-            before = torch.get_num_threads()
-            torch.set_num_threads(self.total)
-            try:
-                return fn(x)
-            finally:
-                torch.set_num_threads(before)
+        # the calling thread computes a lane itself (a lone frame: on all the model's
+        # threads); torch's count is per thread, set for the call and given back (0.1 us)
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.total if x.shape[0] < 2 else self.threads)
+        try:
+            return fn(x) if x.shape[0] < 2 else self._split(fn, x)
+        finally:
+            torch.set_num_threads(before)
+
+    def _split(self, fn: Callable[[torch.Tensor], Outputs], x: torch.Tensor) -> Outputs:
+        assert self._pool is not None
         parts = [p for p in torch.tensor_split(x, min(self.count, x.shape[0])) if p.shape[0]]
         inference = torch.is_inference_mode_enabled()
 

@@ -15,7 +15,6 @@ the model call runs as sub-batches at once, one per lane (`engine/lanes.py`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 
@@ -103,21 +102,6 @@ class DetectorStep:
             eligible=eligible,
         )
         self.lanes = Lanes(lanes, threads=threads_per_lane(self.threads, lanes), total=self.threads)
-
-    @contextlib.contextmanager
-    def lane_threads(self) -> Iterator[None]:
-        """While the calling thread runs the model, it is a lane too (it computes the first
-        sub-batch): it gets one lane's share of torch's threads, and the model's count back
-        afterwards. torch's count is per thread and the default of threads started later, so
-        this is entered by the thread that calls the model (the engine's, the benchmark's)."""
-        if self.lanes.count == 1:
-            yield
-            return
-        torch.set_num_threads(self.lanes.threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(self.threads)
 
     def close(self) -> None:
         """End the lane threads; idempotent."""

@@ -135,8 +135,7 @@ def ceiling(
     device = resolve_device(config.device)
     set_torch_threads(config)
     runner = DetectorStep(detector, config, device, max_batch=len(cams))
-    # this thread computes a lane of each batch, as the engine's does
-    with contextlib.closing(runner), runner.lane_threads():
+    with contextlib.closing(runner):  # its CPU lane threads
         frames = first_frames(cams, detector.input).to(device)  # on the device before timing
         sizes = range(1, len(cams) + 1)
         for size in sizes:

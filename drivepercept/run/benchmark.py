@@ -324,29 +324,20 @@ def bench(
     device = resolve_device(config.device)
     set_torch_threads(config)
     # the engine's own steps, run synchronously: the same model set-up, precision, threads
-    # and CPU lanes (this thread computing a lane, as the engine's does, while it runs them)
+    # and CPU lanes
     runner = DetectorStep(detector, config, device, max_batch=len(cams))
     try:
         spec = detector.input
         batch = first_frames(cams, spec)  # also says at once when a camera has no frame
         if "pipeline" not in modes or len(modes) > 1:
-            with runner.lane_threads():
-                for _ in range(warmup):
-                    runner(batch)
-                    runner(batch[:1])
-
-        def model_only() -> tuple[BenchLine, Window]:
-            with runner.lane_threads():
-                return _model_only(runner, batch, frames_per_camera)
-
-        def naive() -> tuple[BenchLine, Window]:
-            with runner.lane_threads():
-                return _naive(cams, runner, spec, frames_per_camera)
+            for _ in range(warmup):
+                runner(batch)
+                runner(batch[:1])
 
         measure = {
-            "model-only": model_only,
+            "model-only": lambda: _model_only(runner, batch, frames_per_camera),
             "pipeline": lambda: _pipeline(cams, detector, config, frames_per_camera),
-            "naive": naive,
+            "naive": lambda: _naive(cams, runner, spec, frames_per_camera),
         }
         lines: dict[str, list[BenchLine]] = {mode: [] for mode in MODES if mode in modes}
         windows: dict[str, list[Window]] = {mode: [] for mode in lines}
