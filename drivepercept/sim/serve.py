@@ -448,7 +448,8 @@ class _JpegLoop:
 
     def next(self, size: tuple[int, int] | None) -> bytes:
         """The next frame as JPEG, resized to `size` (w, h) when it is not None."""
-        if self._replay is not None and self._kept:
+        if self._replay is not None:
+            assert self._kept  # replaying only starts from a kept, non-empty pass
             jpeg = self._kept[self._replay]
             self._replay = (self._replay + 1) % len(self._kept)
             if size is None:
@@ -482,7 +483,7 @@ class _JpegLoop:
         ok, jpeg = cv2.imencode(".jpg", image, self._params)
         if not ok:
             raise ServeError(f"cannot JPEG-encode a frame of {self._path}")
-        return bytes(jpeg.tobytes())
+        return jpeg.tobytes()
 
     def _keep(self, jpeg: bytes | None) -> None:
         """Keep `jpeg` for later passes; None (a resized frame) gives up keeping this pass."""
