@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from _bench_peer.stats import percentile_ms, throughput_fps  # noqa: E402
+from _bench_peer.stats import percentile_ms, run_figures  # noqa: E402
 
 log = logging.getLogger("bench_live_commits")
 
@@ -143,15 +143,13 @@ def live_round(
             f"{done.stderr.strip().splitlines()[-1:]}"
         )
     with (work / "runs" / name / "frames.csv").open(newline="", encoding="utf-8") as f:
-        rows = sorted(csv.DictReader(f), key=lambda r: int(r["emitted_ns"]))
-    first = min(int(r["batch_index"]) for r in rows)
-    in_first = sum(1 for r in rows if int(r["batch_index"]) == first)
-    later = [float(r["end_to_end_ms"]) for r in rows if int(r["batch_index"]) != first]
+        figures = run_figures(list(csv.DictReader(f)))
+    later = figures.later_ms
     return Round(
         side,
         number,
-        len(rows),
-        throughput_fps([int(r["emitted_ns"]) for r in rows], in_first),
+        figures.frames,
+        figures.fps,
         percentile_ms(later, 50),
         percentile_ms(later, 99),
         wall_s,

@@ -89,6 +89,27 @@ def test_throughput_is_nan_without_frames_after_the_first_batch() -> None:
     assert math.isnan(stats.throughput_fps([5, 5, 5], 0))
 
 
+def test_run_figures_leave_the_first_batch_out_of_latency_and_start_the_clock_with_it() -> None:
+    # given frames.csv rows out of order: batch 3 (2 frames) out at 1 s, batch 4 at 2 s,
+    # batch 5 at 3 s
+    def row(batch: int, out_s: int, e2e_ms: float) -> dict[str, str]:
+        return {
+            "batch_index": str(batch),
+            "emitted_ns": str(out_s * 1_000_000_000),
+            "end_to_end_ms": str(e2e_ms),
+        }
+
+    rows = [row(5, 3, 50.0), row(3, 1, 900.0), row(4, 2, 40.0), row(3, 1, 800.0)]
+    rows += [row(4, 2, 45.0), row(5, 3, 55.0)]
+    # when they are turned into figures
+    figures = stats.run_figures(rows)
+    # then 4 frames over 2 s, and only the later batches' latencies, in emission order
+    assert figures.frames == 6
+    assert figures.fps == pytest.approx(2.0)
+    assert sorted(figures.later_ms) == [40.0, 45.0, 50.0, 55.0]
+    assert stats.run_figures([]).frames == 0
+
+
 def test_percentiles_interpolate_and_are_nan_when_empty() -> None:
     values = [float(v) for v in range(1, 101)]
     assert stats.percentile_ms(values, 50) == pytest.approx(50.5)

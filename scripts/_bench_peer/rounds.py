@@ -24,6 +24,7 @@ from _bench_peer.stats import (
     RoundResult,
     count_agreement,
     percentile_ms,
+    run_figures,
     summarise,
     throughput_fps,
 )
@@ -168,11 +169,8 @@ class Bench:
         result = run(options, detector=self.detector)
         wall_s = time.monotonic() - started
         rows = _frames_csv(result.run_dir / "frames.csv")
-        rows.sort(key=lambda r: int(r["emitted_ns"]))
-        emitted = [int(r["emitted_ns"]) for r in rows]
-        first_batch = min((int(r["batch_index"]) for r in rows), default=0)
-        in_first = sum(1 for r in rows if int(r["batch_index"]) == first_batch)
-        later = [float(r["end_to_end_ms"]) for r in rows if int(r["batch_index"]) != first_batch]
+        figures = run_figures(rows)
+        later = figures.later_ms
         failure = result.failure()
         wanted = len(sources) * self.replay_frames
         note = failure or ""
@@ -188,7 +186,7 @@ class Bench:
             mode=mode,
             round=number,
             frames=len(rows),
-            fps=throughput_fps(emitted, in_first),
+            fps=figures.fps,
             p50_ms=percentile_ms(later, 50) if live else math.nan,
             p99_ms=percentile_ms(later, 99) if live else math.nan,
             delivered=self._sent() - sent_before if live else 0,

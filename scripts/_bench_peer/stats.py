@@ -22,6 +22,27 @@ def percentile_ms(values_ms: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values_ms, dtype=np.float64), q))
 
 
+@dataclass(frozen=True)
+class RunFigures:
+    """A drivepercept run's frames.csv as bench figures: frames, throughput after the first
+    batch and the end-to-end latencies of the frames after it."""
+
+    frames: int
+    fps: float
+    later_ms: tuple[float, ...]
+
+
+def run_figures(rows: Sequence[dict[str, str]]) -> RunFigures:
+    """frames.csv rows (any order) -> `RunFigures`; the first batch's frames are left out of
+    the latencies and start the throughput clock, as for the peer."""
+    rows = sorted(rows, key=lambda r: int(r["emitted_ns"]))
+    first = min((int(r["batch_index"]) for r in rows), default=0)
+    in_first = sum(1 for r in rows if int(r["batch_index"]) == first)
+    later = tuple(float(r["end_to_end_ms"]) for r in rows if int(r["batch_index"]) != first)
+    fps = throughput_fps([int(r["emitted_ns"]) for r in rows], in_first)
+    return RunFigures(len(rows), fps, later)
+
+
 def throughput_fps(emitted_ns: Sequence[int], first_batch: int) -> float:
     """Frames after the first batch over the time from the first batch's results to the last
     results (both tools emit a batch's results together); NaN when that span is empty.
