@@ -152,7 +152,9 @@ def dispatch(
                 running[actor.run_drive.remote(drive)] = (actor, drive)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
             for ref in ready:
-                actor, drive = running.pop(ref)
+                # still running until its outcome is recorded: a Ctrl-C while its result is
+                # fetched finds it there (its published folder then says how it ended)
+                actor, drive = running[ref]
                 try:
                     outcome = ray.get(ref)
                     idle.append(actor)
@@ -171,13 +173,17 @@ def dispatch(
                     )
                     idle.append(actor)
                 outcomes.append(outcome)
+                del running[ref]
                 frames_done += outcome.frames
             if on_progress is not None:
                 on_progress(_snapshot(drives, outcomes, running, frames_done, started))
     except KeyboardInterrupt:
         _stop([a for a, _ in running.values()])
+        recorded = {o.drive for o in outcomes}  # one whose outcome came just before Ctrl-C
         for _, drive in running.values():
-            outcomes.append(_finished_anyway(options, drive, started_unix) or _cancelled(drive))
+            if drive.name not in recorded:
+                done = _finished_anyway(options, drive, started_unix)
+                outcomes.append(done or _cancelled(drive))
         outcomes += [_cancelled(d) for d in pending]
         return outcomes, True
     finally:
