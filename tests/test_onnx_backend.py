@@ -11,6 +11,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from standins import RoadClips
+from thirdparty import DEIMV2_ATTO, DEIMV2_FEMTO, YOLOX_NANO_ONNX, present
 from torchvision.ops import batched_nms
 
 from drivepercept.models import ModelError, load_detector
@@ -20,10 +22,9 @@ from drivepercept.types import COCO_TO_DRIVING, DRIVING_CLASSES
 
 pytest.importorskip("onnxruntime")
 
-SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
-YOLOX_NANO = SHARED_MODELS / "yolox_nano" / "yolox_nano.onnx"
-FEMTO = SHARED_MODELS / "deimv2" / "deimv2_hgnetv2_femto_coco.onnx"
-ATTO = SHARED_MODELS / "deimv2" / "deimv2_hgnetv2_atto_coco.onnx"
+YOLOX_NANO = YOLOX_NANO_ONNX
+FEMTO = DEIMV2_FEMTO
+ATTO = DEIMV2_ATTO
 
 
 # ------------------------------------------------------------------ synthetic exports
@@ -232,20 +233,18 @@ def _reference(model: Path, session: Any, frame: np.ndarray[Any, Any], thr: floa
     return [(DRIVING_CLASSES[mapped[i]], float(scores[keep][i]), b[i]) for i in kept]
 
 
-CLIPS = ("udacity_lanelines_solidWhiteRight.mp4", "intel_car-detection.mp4")
-
-
 @pytest.mark.parametrize("cameras", [1, 6], ids=["batch1", "batch6"])
 @pytest.mark.parametrize("model", [YOLOX_NANO, FEMTO, ATTO], ids=["yolox_nano", "femto", "atto"])
 def test_replay_boxes_equal_a_direct_onnxruntime_run(
-    tmp_path: Path, real_videos: Path, model: Path, cameras: int
+    tmp_path: Path, road_clips: RoadClips, model: Path, cameras: int
 ) -> None:
-    if not model.is_file():
-        pytest.skip(f"{model} not found")
+    if not present(model):
+        pytest.skip(f"needs the released {model.name} ({model} absent): its real detections")
     import onnxruntime as ort  # type: ignore[import-untyped]
 
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    chosen = [real_videos / CLIPS[i % len(CLIPS)] for i in range(cameras)]
+    clips = (road_clips.highway, road_clips.overhead)
+    chosen = [clips[i % len(clips)] for i in range(cameras)]
     frames_each, thr = 2, 0.4
     result = run(
         RunOptions(
@@ -279,13 +278,14 @@ def test_replay_boxes_equal_a_direct_onnxruntime_run(
     assert compared >= cameras  # real traffic was found and compared
 
 
-def test_yolox_nano_through_ort_equals_the_torch_yolox(real_videos: Path) -> None:
-    if not YOLOX_NANO.is_file():
-        pytest.skip(f"{YOLOX_NANO} not found")
-    ort_det = load_detector(str(YOLOX_NANO))
-    torch_det = load_detector("yolox-nano", weights=str(YOLOX_NANO), input_size=(416, 416))
+def test_yolox_nano_through_ort_equals_the_torch_yolox(
+    released_yolox_nano_onnx: Path, road_clips: RoadClips
+) -> None:
+    model = released_yolox_nano_onnx
+    ort_det = load_detector(str(model))
+    torch_det = load_detector("yolox-nano", weights=str(model), input_size=(416, 416))
     x = torch.from_numpy(
-        np.stack([cv2.resize(f, (416, 416)) for f in _frames(real_videos / CLIPS[0], 2)])
+        np.stack([cv2.resize(f, (416, 416)) for f in _frames(road_clips.highway, 2)])
     )
     x = x.permute(0, 3, 1, 2).float()
     with torch.inference_mode():
@@ -299,8 +299,12 @@ def test_yolox_nano_through_ort_equals_the_torch_yolox(real_videos: Path) -> Non
         assert torch.equal(one["labels"][sure], two["labels"][sure])
 
 
-def test_deimv2_outputs_are_final_and_yolox_gets_the_nms() -> None:
-    for model, final in ((YOLOX_NANO, False), (FEMTO, True), (ATTO, True)):
-        if not model.is_file():
-            pytest.skip(f"{model} not found")
-        assert load_detector(str(model)).final_outputs is final, model.name
+def test_yolox_gets_the_engines_nms(yolox_nano_onnx: Path) -> None:
+    assert load_detector(str(yolox_nano_onnx)).final_outputs is False
+
+
+@pytest.mark.parametrize("model", [FEMTO, ATTO], ids=["femto", "atto"])
+def test_deimv2_outputs_are_final(model: Path) -> None:
+    if not present(model):
+        pytest.skip(f"needs the released {model.name} ({model} absent)")
+    assert load_detector(str(model)).final_outputs is True

@@ -42,8 +42,6 @@ Box = tuple[int, int, int, int]  # xyxy, original-frame pixels
 F64 = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-YOLOX_NANO_ONNX = SHARED / "models" / "yolox_nano" / "yolox_nano.onnx"
 
 INPUT_SIZE = (320, 192)
 BACKGROUND_BGR = (100, 100, 100)
@@ -493,10 +491,9 @@ def yolox_reference(frame_bgr: ImageU8, size: tuple[int, int]) -> tuple[F32, flo
     return out, r
 
 
-@pytest.mark.skipif(not YOLOX_NANO_ONNX.is_file(), reason=f"{YOLOX_NANO_ONNX} absent")
-def test_yolox_preparation_equals_yolox_preproc_pixel_for_pixel() -> None:
+def test_yolox_preparation_equals_yolox_preproc_pixel_for_pixel(yolox_nano_onnx: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
-    session = ort.InferenceSession(str(YOLOX_NANO_ONNX), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(yolox_nano_onnx), providers=["CPUExecutionProvider"])
     feed = session.get_inputs()[0].name
     spec = yolox_input_spec((416, 416))
     for size in ((1280, 720), (1920, 1080), (640, 480)):

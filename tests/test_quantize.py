@@ -189,8 +189,9 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def test_int8_yolox_nano_still_finds_the_cars_in_the_udacity_stills(
-    yolox_nano_onnx: Path, real_videos: Path, real_labeled: Path, tmp_path: Path
+    released_yolox_nano_onnx: Path, real_videos: Path, real_labeled: Path, tmp_path: Path
 ) -> None:
+    yolox_nano_onnx = released_yolox_nano_onnx
     # given the released YOLOX-nano quantized on frames of three real road clips (not the
     # stills: calibration and check are apart)
     clips = sorted(str(p) for p in real_videos.iterdir() if p.suffix in (".mp4", ".avi"))

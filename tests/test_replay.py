@@ -17,6 +17,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from standins import RoadClips
 
 from drivepercept.cli import main
 from drivepercept.types import STAMPS
@@ -137,10 +138,9 @@ def test_replay_whole_sample_rig_processes_every_frame_once(tmp_path: Path) -> N
     assert len(per_cam) == 6
 
 
-def test_replay_real_clips_as_one_rig(real_videos: Path, tmp_path: Path) -> None:
-    # given three real clips with different sizes, frame rates and containers
-    clips = sorted(p for p in real_videos.iterdir() if p.suffix in (".mp4", ".avi"))
-    assert len(clips) == 3
+def test_replay_real_clips_as_one_rig(road_clips: RoadClips, tmp_path: Path) -> None:
+    # given three road clips with different sizes, frame rates and containers
+    clips = road_clips.all
     code = main(
         [
             "replay",
@@ -168,9 +168,9 @@ def test_replay_real_clips_as_one_rig(real_videos: Path, tmp_path: Path) -> None
 
 
 def test_boxes_of_an_oracle_plugin_land_inside_each_original_frame(
-    real_videos: Path, tmp_path: Path
+    road_clips: RoadClips, tmp_path: Path
 ) -> None:
-    clips = sorted(p for p in real_videos.iterdir() if p.suffix in (".mp4", ".avi"))
+    clips = road_clips.all
     assert (
         main(
             [

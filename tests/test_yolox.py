@@ -15,12 +15,16 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
+from standins import RoadClips
+from standins import random_norms as _random_norms
+from thirdparty import DEIMV2_ATTO, present
 from torchvision.ops import batched_nms
 
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.step import DetectorStep
 from drivepercept.models import Detector, ModelError, WeightsStore, _weights, load_detector
 from drivepercept.models import yolox_weights as yw
+from drivepercept.models.export import export_onnx
 from drivepercept.models.yolox import SIZES, YOLOX
 from drivepercept.run import RunOptions, run
 from drivepercept.sources.prepare import prepare
@@ -51,21 +55,6 @@ def test_official_state_dict_names() -> None:
         "head.obj_preds.2.bias",
     ):
         assert key in keys, key
-
-
-def _random_norms(net: YOLOX, seed: int = 0) -> YOLOX:
-    """Non-trivial batch-norm statistics, so that fusing has something to fold."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in net.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                n = m.num_features
-                m.weight.copy_(torch.rand(n, generator=g) + 0.5)
-                m.bias.copy_(torch.randn(n, generator=g) * 0.1)
-                assert m.running_mean is not None and m.running_var is not None
-                m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
-                m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
-    return net.eval()
 
 
 def test_fused_network_computes_what_the_unfused_one_does() -> None:
@@ -144,15 +133,20 @@ def test_the_released_onnx_export_loads_and_matches_onnxruntime(yolox_nano_onnx:
     assert np.abs(got - want).max() < 1e-3
 
 
+def _foreign_onnx(folder: Path) -> list[Path]:
+    """ONNX files of other models: drivepercept-tiny's export, and DEIMv2 where ../shared
+    has it."""
+    tiny = export_onnx(load_detector("drivepercept-tiny"), folder / "tiny.onnx", batch=1).onnx
+    return [tiny, *([DEIMV2_ATTO] if present(DEIMV2_ATTO) else [])]
+
+
 def test_foreign_and_broken_onnx_files_are_refused(tmp_path: Path, yolox_nano_onnx: Path) -> None:
-    other = yolox_nano_onnx.parents[1] / "deimv2" / "deimv2_hgnetv2_atto_coco.onnx"
     truncated = tmp_path / "truncated.onnx"
     truncated.write_bytes(yolox_nano_onnx.read_bytes()[:100_000])
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x00\x01not a model" * 100)
     cases = [(truncated, "not a readable ONNX file"), (garbage, "ONNX")]
-    if other.is_file():
-        cases.append((other, "is not a yolox-nano export"))
+    cases += [(other, "is not a yolox-nano export") for other in _foreign_onnx(tmp_path)]
     for path, words in cases:
         with pytest.raises(ModelError, match=words) as err:
             load_detector("yolox-nano", weights=str(path))
@@ -315,14 +309,15 @@ def _frames(path: Path, n: int) -> list[npt.NDArray[np.uint8]]:
 
 @pytest.mark.parametrize("cameras", [1, 6])
 def test_pipeline_boxes_equal_a_direct_reference_run(
-    tmp_path: Path, real_videos: Path, yolox_nano_onnx: Path, cameras: int
+    tmp_path: Path, road_clips: RoadClips, released_yolox_nano_onnx: Path, cameras: int
 ) -> None:
+    yolox_nano_onnx = released_yolox_nano_onnx
     ort = pytest.importorskip("onnxruntime")
     session = ort.InferenceSession(str(yolox_nano_onnx), providers=["CPUExecutionProvider"])
     clips = [
-        real_videos / "udacity_lanelines_solidWhiteRight.mp4",  # 960x540
-        real_videos / "intel_car-detection.mp4",  # 768x432
-        real_videos / "bgslibrary_video03_road.avi",  # 320x240: enlarged, not shrunk
+        road_clips.highway,  # 960x540
+        road_clips.overhead,  # 768x432
+        road_clips.small,  # 320x240: enlarged, not shrunk
     ]
     chosen = [clips[i % len(clips)] for i in range(cameras)] if cameras > 1 else clips[:1]
     sources = tuple(f"cam{i}={p}" for i, p in enumerate(chosen))
@@ -365,12 +360,11 @@ def test_pipeline_boxes_equal_a_direct_reference_run(
     assert compared >= 3 * cameras  # real traffic was found and compared
 
 
-def test_cars_found_on_every_highway_still(tmp_path: Path, real_labeled: Path) -> None:
+def test_cars_found_on_every_highway_still(
+    tmp_path: Path, real_labeled: Path, released_yolox_nano_onnx: Path
+) -> None:
     stills = real_labeled / "udacity_stills"
-    weights = Path(__file__).resolve().parents[2] / "shared/models/yolox_nano/yolox_nano.onnx"
-    if not weights.is_file():
-        pytest.skip("YOLOX-nano export absent")
-    pytest.importorskip("onnx")
+    weights = released_yolox_nano_onnx
     result = run(
         RunOptions(
             sources=(str(stills),),
@@ -390,19 +384,18 @@ def test_cars_found_on_every_highway_still(tmp_path: Path, real_labeled: Path) -
 
 def test_bad_weights_on_the_command_line_are_one_line(
     tmp_path: Path,
-    real_videos: Path,
+    road_clips: RoadClips,
     yolox_nano_onnx: Path,
     in_process: Callable[[list[str]], tuple[int, str]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    video = str(real_videos / "udacity_lanelines_solidWhiteRight.mp4")
+    video = str(road_clips.highway)
     truncated = tmp_path / "cut.onnx"
     truncated.write_bytes(yolox_nano_onnx.read_bytes()[:50_000])
     tiny_pth = tmp_path / "yolox_tiny.pth"
     torch.save({"model": YOLOX(SIZES["tiny"]).state_dict()}, tiny_pth)
-    other = yolox_nano_onnx.parents[1] / "deimv2" / "deimv2_hgnetv2_atto_coco.onnx"
     replay = ["replay", video, "--max-frames", "1", "--out", str(tmp_path), "--no-progress"]
-    cases = [str(truncated), str(tiny_pth), *([str(other)] if other.is_file() else [])]
+    cases = [str(truncated), str(tiny_pth), *map(str, _foreign_onnx(tmp_path))]
     for weights in cases:
         code, err = in_process([*replay, "--weights", weights])
         assert code == 2, err
@@ -450,9 +443,9 @@ def _agree(
 
 
 def test_bf16_and_channels_last_on_the_cpu_keep_the_boxes(
-    yolox_nano_onnx: Path, real_labeled: Path
+    released_yolox_nano_onnx: Path, real_labeled: Path
 ) -> None:
-    detector = load_detector("yolox-nano", weights=str(yolox_nano_onnx))
+    detector = load_detector("yolox-nano", weights=str(released_yolox_nano_onnx))
     stills = sorted((real_labeled / "udacity_stills").glob("*.jpg"))
     frames = [np.asarray(cv2.imread(str(p)), np.uint8) for p in stills]
     x = torch.stack(
