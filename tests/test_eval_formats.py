@@ -1,8 +1,12 @@
-"""`drivepercept eval` on real labelled data: MOTChallenge, COCO json (the mmdetection3d KITTI
+"""`drivepercept eval` on labelled data: MOTChallenge, COCO json (the mmdetection3d KITTI
 and nuScenes files too), class tables, ignore regions and bad input.
 
-The real images are third-party test fixtures beside the project (../shared/reallabeled,
-non-commercial licences): used in place, never copied; those tests skip when it is absent.
+The format tests read the third-party fixtures beside the project (../shared/reallabeled,
+non-commercial licences: used in place, never copied) when they are there, and hold them to
+their known facts (88 considered pedestrians, ...). Where they are not (a fresh clone, or
+DRIVEPERCEPT_TEST_SHARED=none), the same tests run on made stand-ins of the same structure
+(tests/madelabels.py: a MOT17-style sequence, KITTI and nuScenes `*.coco.json` files, noise
+images) against the facts counted from what was written. Nothing here skips.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
+from madelabels import Labelled, make_labelled
+from thirdparty import REAL_LABELED, present
 
 from drivepercept.errors import ConfigError
 from drivepercept.eval import (
@@ -32,21 +38,36 @@ from drivepercept.eval import (
 from drivepercept.run.groundtruth import GroundTruth, read_ground_truth
 from drivepercept.types import DRIVING_CLASSES
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "reallabeled"
-MOT = REAL / "mot17" / "MOT17-02-FRCNN"
-KITTI = REAL / "kitti" / "kitti_infos_mono3d.coco.json"
-NUSCENES = REAL / "nuscenes_one_camera" / "nus_infos_mono3d.coco.json"
 ORACLE = "drivepercept.models.oracle:make_oracle"
 PEDESTRIAN = DRIVING_CLASSES.index("pedestrian") + 1
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def real() -> Path:
-    if not REAL.is_dir():
-        pytest.skip(f"real labelled images not found at {REAL}")
-    return REAL
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory: pytest.TempPathFactory) -> Labelled:
+    """The real MOT17, KITTI and nuScenes fixtures and their known facts where they are there,
+    else made stand-ins (tests/madelabels.py) and the facts counted from what they hold."""
+    if not present(REAL_LABELED):
+        return make_labelled(tmp_path_factory.mktemp("madelabels"))
+    return Labelled(
+        made=False,
+        mot=REAL_LABELED / "mot17" / "MOT17-02-FRCNN",
+        mot_name="MOT17-02-FRCNN",
+        mot_frames=4,
+        mot_considered=88,
+        mot_person_like=48,
+        mot_visible=43,  # 43 at least half visible
+        kitti=REAL_LABELED / "kitti" / "kitti_infos_mono3d.coco.json",
+        kitti_frame=1,  # 000000, 000007, 000008: 000007 is second
+        kitti_folder_frames=3,
+        kitti_missing=0,
+        kitti_kinds={("car", "target"): 3, ("cyclist", "target"): 1},
+        nuscenes=REAL_LABELED / "nuscenes_one_camera" / "nus_infos_mono3d.coco.json",
+        nuscenes_camera="CAM_BACK_LEFT",
+        nuscenes_missing=5,
+        nuscenes_kinds={("pedestrian", "target"): 2},  # its 3 traffic cones: dropped
+    )
 
 
 def _as_detections(truth: GroundTruth, *, ignores: bool = True) -> list[dict[str, Any]]:
@@ -117,20 +138,31 @@ def test_class_tables_map_each_format_onto_the_driving_classes() -> None:
 # --------------------------------------------------------------------------- real formats
 
 
-def test_mot_sequence_scores_considered_pedestrians_and_ignores_the_rest(real: Path) -> None:
-    truth = read_ground_truth(MOT)
-    assert truth.format == "mot" and truth.cameras == ("MOT17-02-FRCNN",)
-    assert truth.sources == (f"MOT17-02-FRCNN={MOT / 'img1'}",)
-    images = sorted((im["frame_index"], Path(im["file_name"]).name) for im in truth.coco["images"])
-    assert images == [(i, f"{i + 1:06d}.jpg") for i in range(4)]  # frame N is frame_index N-1
-    with (MOT / "gt" / "gt.txt").open() as fh:
+def _mot_rows(labelled: Labelled) -> list[list[float]]:
+    """The gt.txt rows of the frames that have an image (the rest are not scored)."""
+    with (labelled.mot / "gt" / "gt.txt").open() as fh:
         rows = [[float(v) for v in r] for r in csv.reader(fh)]
-    considered = [r for r in rows if r[7] == 1 and r[6] == 1 and r[0] <= 4]
+    return [r for r in rows if r[0] <= labelled.mot_frames]
+
+
+def test_mot_sequence_scores_considered_pedestrians_and_ignores_the_rest(
+    labelled: Labelled,
+) -> None:
+    mot, name = labelled.mot, labelled.mot_name
+    truth = read_ground_truth(mot)
+    assert truth.format == "mot" and truth.cameras == (name,)
+    assert truth.sources == (f"{name}={mot / 'img1'}",)
+    images = sorted((im["frame_index"], Path(im["file_name"]).name) for im in truth.coco["images"])
+    # frame N is frame_index N-1
+    assert images == [(i, f"{i + 1:06d}.jpg") for i in range(labelled.mot_frames)]
+    rows = _mot_rows(labelled)
+    considered = [r for r in rows if r[7] == 1 and r[6] == 1]
     person_like = [r for r in rows if (r[7] in (2, 7, 8, 12) or (r[7] == 1 and r[6] == 0))]
     kinds = _kinds(truth)
-    assert kinds["pedestrian", "target"] == len(considered) == 88
-    assert kinds["pedestrian", "ignore"] == len(person_like) == 48
+    assert kinds["pedestrian", "target"] == len(considered) == labelled.mot_considered
+    assert kinds["pedestrian", "ignore"] == len(person_like) == labelled.mot_person_like
     assert kinds["cyclist", "ignore"] == sum(r[7] in (4, 5) for r in rows)
+    assert kinds["car", "ignore"] == sum(r[7] == 3 for r in rows)
     assert sum(kinds.values()) == len(rows) - sum(r[7] in (6, 9, 10, 11) for r in rows)
     # 1-based pixels -> 0-based: the first considered row of frame 1
     first = next(r for r in considered if r[0] == 1)
@@ -138,38 +170,48 @@ def test_mot_sequence_scores_considered_pedestrians_and_ignores_the_rest(real: P
     assert [first[2] - 1, first[3] - 1, first[4], first[5]] in boxes
 
 
-def test_min_visibility_turns_hidden_pedestrians_into_ignore_regions(real: Path) -> None:
-    truth = read_ground_truth(MOT)
+def test_min_visibility_turns_hidden_pedestrians_into_ignore_regions(
+    labelled: Labelled,
+) -> None:
+    truth = read_ground_truth(labelled.mot)
     targets_only = _as_detections(truth, ignores=False)
     loose = evaluate(truth.coco, targets_only, thresholds=EvalThresholds(0.0, 0.0))
     strict = evaluate(truth.coco, targets_only, thresholds=EvalThresholds(0.5, 0.0))
-    assert (loose.targets, strict.targets) == (88, 43)  # 43 at least half visible
-    assert strict.ignored - loose.ignored == 88 - 43
+    considered, visible = labelled.mot_considered, labelled.mot_visible
+    assert 0 < visible < considered
+    assert visible == sum(r[7] == 1 and r[6] == 1 and r[8] >= 0.5 for r in _mot_rows(labelled))
+    assert (loose.targets, strict.targets) == (considered, visible)
+    assert strict.ignored - loose.ignored == considered - visible
     for report in (loose, strict):  # the hidden ones, found or not, cost nothing
         assert report.per_class["pedestrian"]["ap_50"] == pytest.approx(1.0)
         assert report.per_class["pedestrian"]["recall_50"] == pytest.approx(1.0)
 
 
-def test_kitti_coco_json_matches_its_image_by_base_name(real: Path) -> None:
-    truth = read_ground_truth(KITTI)  # file_name is training/image_2/000007.png
-    assert truth.format == "kitti" and truth.missing_images == 0
-    assert [(im["camera"], im["frame_index"]) for im in truth.coco["images"]] == [("image_2", 1)]
-    assert truth.folder_frames == {"image_2": 3}  # 000000, 000007, 000008: 000007 is second
-    assert _kinds(truth) == {("car", "target"): 3, ("cyclist", "target"): 1}
-
-
-def test_nuscenes_scores_only_the_camera_image_that_is_present(real: Path) -> None:
-    truth = read_ground_truth(NUSCENES)
-    assert truth.format == "nuscenes" and truth.missing_images == 5
-    assert truth.cameras == ("CAM_BACK_LEFT",)
+def test_kitti_coco_json_matches_its_image_by_base_name(labelled: Labelled) -> None:
+    listed = json.loads(labelled.kitti.read_text())["images"]
+    assert "training/image_2/000007.png" in [im["file_name"] for im in listed]
+    truth = read_ground_truth(labelled.kitti)
+    assert truth.format == "kitti" and truth.missing_images == labelled.kitti_missing
+    placed = [(im["camera"], im["frame_index"]) for im in truth.coco["images"]]
+    assert placed == [("image_2", labelled.kitti_frame)]
     (image,) = truth.coco["images"]
-    assert "CAM_BACK_LEFT" in image["file_name"]
-    assert _kinds(truth) == {("pedestrian", "target"): 2}  # its 3 traffic cones: dropped
+    assert Path(image["file_name"]).name == "000007.png"
+    assert truth.folder_frames == {"image_2": labelled.kitti_folder_frames}
+    assert _kinds(truth) == labelled.kitti_kinds
 
 
-@pytest.mark.parametrize("source", [MOT, KITTI, NUSCENES], ids=["mot", "kitti", "nuscenes"])
-def test_the_labels_as_detections_score_one(real: Path, source: Path) -> None:
-    truth = read_ground_truth(source)
+def test_nuscenes_scores_only_the_camera_image_that_is_present(labelled: Labelled) -> None:
+    truth = read_ground_truth(labelled.nuscenes)
+    assert truth.format == "nuscenes" and truth.missing_images == labelled.nuscenes_missing
+    assert truth.cameras == (labelled.nuscenes_camera,)
+    (image,) = truth.coco["images"]
+    assert labelled.nuscenes_camera in image["file_name"]
+    assert _kinds(truth) == labelled.nuscenes_kinds
+
+
+@pytest.mark.parametrize("source", ["mot", "kitti", "nuscenes"])
+def test_the_labels_as_detections_score_one(labelled: Labelled, source: str) -> None:
+    truth = read_ground_truth(getattr(labelled, source))
     report = evaluate(
         truth.coco, _as_detections(truth), thresholds=EvalThresholds(0.0, 0.0), images=None
     )
@@ -354,9 +396,11 @@ def _summary(report: Mapping[str, Any]) -> dict[str, Any]:
     return {k: report[k] for k in ("format", "images", "targets", "schema_version")}
 
 
-def test_cli_eval_of_a_mot_sequence_with_the_bundled_model(real: Path, tmp_path: Path) -> None:
+def test_cli_eval_of_a_mot_sequence_with_the_bundled_model(
+    labelled: Labelled, tmp_path: Path
+) -> None:
     proc = _eval_cli(
-        str(MOT),
+        str(labelled.mot),
         "--model",
         "drivepercept-tiny",
         "--weights",
@@ -370,11 +414,17 @@ def test_cli_eval_of_a_mot_sequence_with_the_bundled_model(real: Path, tmp_path:
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "mot" / "eval.json").read_text())
-    assert _summary(report) == {"format": "mot", "images": 4, "targets": 43, "schema_version": 2}
+    assert _summary(report) == {
+        "format": "mot",
+        "images": labelled.mot_frames,
+        "targets": labelled.mot_visible,  # every one at least 12 pixels tall too
+        "schema_version": 2,
+    }
     pedestrians = report["per_class"]["pedestrian"]
     assert set(pedestrians) == {"ap_50_95", "ap_50", "recall_50", "targets"}
-    assert 0.0 <= pedestrians["recall_50"] <= 1.0 and pedestrians["targets"] == 43
-    assert set(report["per_camera"]) == {"MOT17-02-FRCNN"}
+    assert 0.0 <= pedestrians["recall_50"] <= 1.0
+    assert pedestrians["targets"] == labelled.mot_visible
+    assert set(report["per_camera"]) == {labelled.mot_name}
     assert report["model"] == "drivepercept-tiny" and report["detections"] >= 0
     table = proc.stdout.splitlines()
     assert "recall@.5" in table[0]
