@@ -26,7 +26,7 @@ from drivepercept.models.onnx.binding import DeviceRun
 from drivepercept.models.onnx.layouts import Dim, Graph, Port
 
 log = logging.getLogger(__name__)
-INSTALL_HINT = "pip install 'drivepercept[onnx]'"
+INSTALL_HINT = "pip install onnxruntime"
 CPU = eps.CPU
 
 
