@@ -215,6 +215,7 @@ def test_the_cache_folder_comes_from_the_environment_the_cli_passes(tmp_path: Pa
     assert environment_settings(xdg)["onnx_cache"] == str(default_onnx_cache(xdg))
     given = {**xdg, "DRIVEPERCEPT_ONNX_CACHE": str(tmp_path / "mine")}
     assert environment_settings(given)["onnx_cache"] == str(tmp_path / "mine")
+    assert "onnx_cache" not in environment_settings({})  # RunOptions' default: ~/.cache's
 
 
 def test_runtime_and_onnx_cache_are_settings_file_keys(tmp_path: Path) -> None:

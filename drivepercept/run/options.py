@@ -41,9 +41,10 @@ ENVIRONMENT = {
 def environment_settings(environ: Mapping[str, str]) -> dict[str, str]:
     """The settings `environ` gives (the CLI passes `os.environ`; components read none):
     the variables of `ENVIRONMENT`, and the ONNX export cache under `$XDG_CACHE_HOME` where
-    `$DRIVEPERCEPT_ONNX_CACHE` does not name one."""
+    that is set and `$DRIVEPERCEPT_ONNX_CACHE` is not (else the default, ~/.cache's)."""
     found = {k: environ[v].strip() for k, v in ENVIRONMENT.items() if environ.get(v, "").strip()}
-    found.setdefault("onnx_cache", str(default_onnx_cache(environ)))
+    if environ.get("XDG_CACHE_HOME", "").strip():
+        found.setdefault("onnx_cache", str(default_onnx_cache(environ)))
     return found
 
 
