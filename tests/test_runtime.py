@@ -3,7 +3,6 @@ runs exportable models on ONNX Runtime on a CPU, from a cache, with torch's outp
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import re
@@ -106,8 +105,7 @@ def test_random_yolox_weights_run_on_ort_from_a_temporary_export(
     choice = record["model"]["runtime_choice"]
     assert choice["ran"] == "onnxruntime" and choice["export_s"] is not None
     assert not cache.exists() or not list(cache.iterdir())
-    gc.collect()  # the detector is gone with the run (its module sits in reference cycles)
-    assert not Path(choice["onnx"]).exists()  # removed with it
+    assert not Path(choice["onnx"]).exists()  # removed once the CPU session had loaded it
     assert len(_boxes(tmp_path / "nano")) == 18
 
 

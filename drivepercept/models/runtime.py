@@ -176,7 +176,11 @@ def _on_ort(detector: Detector, request: RuntimeRequest) -> Detector:
         cache.discard(entry.onnx)
         entry = cache.get(detector, refresh=True)
         ort = onnx.build(entry.onnx, threads=request.threads)
-    if temporary:  # the file goes with the detector (a GPU session opens it on first use)
+    if temporary and request.device_type != "cuda":
+        # the CPU session holds the model in memory: the file is not needed again (and the
+        # CLI ends with os._exit, which runs no finalizer)
+        shutil.rmtree(folder, ignore_errors=True)
+    elif temporary:  # a GPU session opens the file on first use: it goes with the detector
         weakref.finalize(ort.module, shutil.rmtree, folder, True)
     reason = (
         "TensorRT is installed: ORT's TensorRT provider"
