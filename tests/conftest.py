@@ -85,6 +85,17 @@ def yolox_nano_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_yolox_nano_export(tmp_path_factory.mktemp("yolox") / "yolox_nano.onnx")
 
 
+@pytest.fixture(autouse=True)
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The ONNX export cache of runs with the default runtime (auto): one folder for the
+    session, never the user's (~/.cache/drivepercept/onnx). The CLI, in-process or not,
+    finds it in $DRIVEPERCEPT_ONNX_CACHE; the Python API through its default."""
+    folder = tmp_path_factory.getbasetemp() / "onnx-cache"
+    monkeypatch.setenv("DRIVEPERCEPT_ONNX_CACHE", str(folder))
+    monkeypatch.setattr("drivepercept.run.job.default_onnx_cache", lambda environ: folder)
+    return folder
+
+
 @pytest.fixture
 def released_yolox_nano_onnx() -> Path:
     """The released YOLOX-nano ONNX export itself (../shared/models), for tests that need

@@ -34,6 +34,7 @@ from torchvision.models.detection import ssdlite320_mobilenet_v3_large
 from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError, DrivePerceptError, ModelError
 from drivepercept.models import load_detector
+from drivepercept.models.export import export_onnx
 from drivepercept.report import write_report
 from drivepercept.report.rundata import ReportError
 from drivepercept.rig import load_rig, resolve_cameras
@@ -155,6 +156,7 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (d / "settings" / f"{name}.toml").write_text(text)
     _weights(d)
     _run_folders(d)
+    export_onnx(load_detector("drivepercept-tiny", weights="none"), d / "tiny.onnx", batch=None)
     return d
 
 
@@ -208,6 +210,8 @@ FLAGS = {
     "{bench}": [*TINY, "--frames", "2", "--rounds", "1"],
 }
 CUDA_7 = "device 'cuda:7' requested but"  # no CUDA here; fewer than 8 GPUs elsewhere
+NO_ORT = "{no-onnxruntime}"  # the case runs as if onnxruntime were not installed
+SSDLITE = "--model ssdlite320_mobilenet_v3_large --weights none --max-frames 2 --no-report"
 
 
 def case(name: str, command: str, code: int, *phrases: str, marks: Any = ()) -> Any:
@@ -247,6 +251,11 @@ CLI_CASES = [
     case("replay-missing-plugin", "replay {d}/tiny.avi {replay} --model nowhere.module:make", 2, "cannot import", "'nowhere.module'"),
     case("replay-name", "replay {d}/tiny.avi {replay} --name ../x", 2, "run name", "'../x'"),
     case("replay-out-is-a-file", "replay {d}/tiny.avi {replay} --out {d}/tiny.avi", 2, "cannot create run folder", "{d}/tiny.avi"),
+    # replay: the runtime
+    case("runtime-unknown", "replay {d}/tiny.avi {replay} --runtime fast", 2, "runtime must be one of auto, torch, onnxruntime", "'fast'"),
+    case("runtime-ort-not-installed", f"replay {{d}}/tiny.avi {{replay}} --runtime onnxruntime {NO_ORT}", 2, "runtime onnxruntime", "onnxruntime package is not installed"),
+    case("runtime-ort-unexportable", f"replay {{d}}/tiny.avi {SSDLITE} --out {{d}}/runs --runtime onnxruntime", 2, "runtime onnxruntime", "ssdlite320_mobilenet_v3_large does not export"),
+    case("runtime-torch-onnx-model", "replay {d}/tiny.avi --model {d}/tiny.onnx --max-frames 2 --no-report --out {d}/runs --runtime torch", 2, "runtime torch cannot run an .onnx model", "{d}/tiny.onnx"),
     # replay: weights
     case("weights-empty", "replay {d}/tiny.avi {replay} --model yolox-nano --weights {d}/empty.pth", 2, "not a torch weights file", "{d}/empty.pth"),
     case("weights-truncated", "replay {d}/tiny.avi {replay} --model yolox-nano --weights {d}/nano_cut.pth", 2, "damaged torch weights file", "{d}/nano_cut.pth"),
@@ -382,10 +391,14 @@ def _one_line(stderr: str) -> str:
 def test_cli_bad_input_is_one_clear_line(
     d: Path,
     in_process: Callable[[list[str]], tuple[int, str]],
+    monkeypatch: pytest.MonkeyPatch,
     argv: list[str],
     code: int,
     phrases: tuple[str, ...],
 ) -> None:
+    if NO_ORT in argv:  # None in sys.modules: `import onnxruntime` fails, find_spec finds none
+        monkeypatch.setitem(sys.modules, "onnxruntime", None)
+        argv = [word for word in argv if word != NO_ORT]
     # given a bad input; when the command runs
     got, stderr = in_process(argv_in(d, argv))
     # then its documented exit code, and one line naming the problem and the value
@@ -434,6 +447,8 @@ API_CASES = [
     pytest.param(lambda d: _options(d, settings={"queue_capacity": True}), ConfigError, ("queue_capacity must be an integer", "True"), id="options-setting-bool"),
     pytest.param(lambda d: _options(d, weights=5), ConfigError, ("weights must be", "got 5"), id="options-weights-type"),
     pytest.param(lambda d: _options(d, input_size="huge"), ConfigError, ("WIDTHxHEIGHT", "'huge'"), id="options-input-size"),
+    pytest.param(lambda d: _options(d, runtime="tensorrt"), ConfigError, ("runtime must be one of", "'tensorrt'"), id="options-runtime"),
+    pytest.param(lambda d: _run(d, model=str(d / "tiny.onnx"), weights=None, runtime="torch"), ModelError, ("runtime torch cannot run an .onnx model", "{d}/tiny.onnx"), id="run-torch-onnx-model"),
     pytest.param(lambda d: PipelineConfig(**dict[str, Any](queue_capacity=2.5)), ConfigError, ("queue_capacity must be an integer", "2.5"), id="pipeline-config-type"),
     pytest.param(lambda d: PipelineConfig(drain_timeout_s=-1.0), ConfigError, ("drain_timeout_s must be between", "-1"), id="pipeline-config-drain"),
     pytest.param(lambda d: ReconnectPolicy(**dict[str, Any](max_attempts="3")), ConfigError, ("max_attempts must be an integer", "'3'"), id="reconnect-policy-type"),

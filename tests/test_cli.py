@@ -213,8 +213,11 @@ def _args(argv: list[str]) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def test_config_file_then_flags_merge_once(tmp_path: Path) -> None:
+def test_config_file_then_flags_merge_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from drivepercept.cli import merged_settings
+
+    for name in ("DRIVEPERCEPT_ONNX_CACHE", "XDG_CACHE_HOME"):  # an environment that sets none
+        monkeypatch.delenv(name, raising=False)
 
     config = tmp_path / "replay.toml"
     config.write_text(

@@ -73,6 +73,8 @@ def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
         weights_dir=settings.get("weights_dir"),
         weights_mirror=settings.get("weights_mirror"),
         **{k: settings[k] for k in jobs.ONNX_KEYS if k in settings},
+        runtime=settings.get("runtime", "auto"),
+        onnx_cache=settings.get("onnx_cache"),
         settings={k: v for k, v in settings.items() if k in jobs.PIPELINE_KEYS},
         out_root=Path(settings.get("out", "runs")),
         name=settings.get("name"),
@@ -285,9 +287,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    env = jobs.environment_settings(os.environ)
     done = jobs.export_model(
         args.model, out=args.out, weights=args.weights, fmt=args.format,
-        input_size=args.input, batch=args.batch, **jobs.environment_settings(os.environ),
+        input_size=args.input, batch=args.batch,
+        **{k: env[k] for k in ("weights_dir", "weights_mirror") if k in env},
     )  # fmt: skip
     print(f"wrote {done.onnx} ({done.layout}) and {done.sidecar}")
     return EXIT_OK

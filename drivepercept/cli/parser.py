@@ -20,6 +20,7 @@ Writes <camera>.mp4 per camera, ground_truth.json (the same seed, the same bytes
   drivepercept replay sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
   drivepercept replay front.mp4 rear.mp4 --device cuda --precision fp16 --save-video
   drivepercept replay --config replay.toml sample_videos/rig.toml   # flags override the file
+  drivepercept replay sample_videos/rig.toml --runtime torch   # default auto: ONNX Runtime on CPU
 SOURCE: a rig file, a video, an image folder or NAME=SOURCE; several make one rig.""",
     "live": """
   drivepercept serve-cameras sample_videos/rig.toml --port 8554 &   # simulated cameras
@@ -96,6 +97,8 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ("--onnx-layout", str, ".onnx model: yolox, yolov8 or end2end (over its sidecar)"),
         ("--onnx-batch", str, ".onnx batch-1 export: loop over a batch or refuse (sidecar's)"),
         ("--trt-cache", Path, ".onnx on TensorRT: engine cache folder (<stem>.trt-cache)"),
+        ("--runtime", str, "auto (default: ORT for exportable models on CPU), torch, onnxruntime"),
+        ("--onnx-cache", Path, "cached exports of --runtime auto (~/.cache/drivepercept/onnx)"),
         ("--device", str, "auto, cpu, cuda or cuda:N (default auto)"),
         ("--batch-timeout-ms", float, "partial batch after this wait (default 20)"),
         ("--precision", str, "fp32, fp16 or bf16 (default fp32)"),
@@ -103,7 +106,7 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ("--warmup", "switch", "a full and a one-frame batch before capture (default on)"),
         ("--compile", "switch", "torch.compile the model in the warm-up (default off)"),
         ("--cuda-graphs", "switch", "replay the full batch as one CUDA graph (default off)"),
-        ("--torch-threads", int, "torch's threads for the model (default 0: one per core)"),
+        ("--torch-threads", int, "the model's threads, torch or ORT (default 0: one per core)"),
         ("--cpu-lanes", int, "CPU: sub-batches run at once (default 0: one per torch thread)"),
         ("--score-threshold", float, "default 0.3"),
         ("--queue-capacity", int, "frames waiting per camera (default 4; live 1)"),

@@ -102,7 +102,7 @@ def fingerprint(options: RunOptions) -> str:
     chosen = {
         k: v
         for k, v in dataclasses.asdict(options).items()
-        if k not in ("out_root", "name", "metrics_port", "metrics_linger_s")
+        if k not in ("out_root", "name", "metrics_port", "metrics_linger_s", "onnx_cache")
     }
     # the same files however they were named (relative, absolute, through a link)
     chosen["sources"] = [str(Path(s).resolve()) if Path(s).exists() else s for s in options.sources]

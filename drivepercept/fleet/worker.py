@@ -151,6 +151,7 @@ class DriveWorker:
         key: tuple[Any, ...] = (options.model_name, options.weights, options.classes)
         key += (options.input_size, options.weights_dir, options.weights_mirror)
         key += (options.onnx_layout, options.onnx_batch, options.trt_cache)
+        key += (options.runtime, options.onnx_cache)  # the settings are the fleet's, shared
         if key not in self._detectors:
             self._detectors[key] = load_model(options)
         return self._detectors[key]

@@ -26,7 +26,37 @@ import torch
 from drivepercept.errors import ModelError
 from drivepercept.types import InputSpec
 
-__all__ = ["Detector", "InputSpec", "ModelError", "WeightsStore"]
+__all__ = ["Detector", "InputSpec", "ModelError", "RuntimeChoice", "WeightsStore"]
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """Which runtime runs a detector's network, and why (the run record's
+    `model.runtime_choice`; `models/runtime.py` makes it).
+
+    Attributes:
+        asked: the runtime asked for: one of `drivepercept.types.RUNTIMES`; None where none
+            was (a detector built by the caller).
+        ran: "torch" or "onnxruntime".
+        reason: why, in a few words (the fallback's cause where `auto` kept torch).
+        onnx: the export that runs (the cache's file), None for torch.
+        export_s: seconds the export took when it was made for this run; None when reused.
+    """
+
+    asked: str | None
+    ran: str
+    reason: str
+    onnx: Path | None = None
+    export_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "asked": self.asked,
+            "ran": self.ran,
+            "reason": self.reason,
+            "onnx": str(self.onnx) if self.onnx is not None else None,
+            "export_s": round(self.export_s, 3) if self.export_s is not None else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -72,6 +102,8 @@ class Detector:
         runtime: optional callable describing what runs the network besides torch, for the
             run record (the ONNX backend: layout, batch policy, execution providers, IO
             binding); called after the run, so it may say what was found on first use.
+        runtime_choice: which runtime was chosen for it and why (`models/runtime.py`);
+            None for a detector built without that choice (the registry, a plugin).
     """
 
     name: str
@@ -84,6 +116,7 @@ class Detector:
     report_as: tuple[str, ...] | None = None
     final_outputs: bool = False
     runtime: Callable[[], dict[str, Any]] | None = None
+    runtime_choice: RuntimeChoice | None = None
 
     def __post_init__(self) -> None:
         if self.report_as is not None and len(self.report_as) != len(self.class_names):

@@ -132,9 +132,7 @@ def export_onnx(detector: Detector, out: Path, *, batch: int | None = 1) -> Expo
     try:
         import onnx  # noqa: F401  (the exporter writes with it; a one-line error without it)
     except ImportError:
-        raise ModelError(
-            "export to ONNX needs the onnx package: pip install 'drivepercept[onnx]'"
-        ) from None
+        raise ModelError("export to ONNX needs the onnx package: pip install onnx") from None
     module.eval()
     w, h = detector.input.size
     example = torch.zeros(batch or 2, 3, h, w)

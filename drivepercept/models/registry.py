@@ -44,6 +44,7 @@ def load_detector(
     onnx_layout: str | None = None,
     onnx_batch: str | None = None,
     trt_cache: str | Path | None = None,
+    threads: int = 0,
 ) -> Detector:
     """Builds a detector, in eval mode, on the CPU.
 
@@ -60,6 +61,8 @@ def load_detector(
         onnx_layout, onnx_batch, trt_cache: an ONNX model's output layout, batch policy
             and TensorRT engine cache (`drivepercept.models.onnx.build`); an error for
             other models.
+        threads: an ONNX model's intra-op threads (0: ONNX Runtime's default); a torch
+            model's threads are the engine's (`torch_threads`).
 
     Returns:
         The detector.
@@ -77,6 +80,7 @@ def load_detector(
             layout=onnx_layout,
             batch=onnx_batch,
             trt_cache=trt_cache,
+            threads=threads,
         )
         return with_classes(detector, classes)
     given = {"onnx_layout": onnx_layout, "onnx_batch": onnx_batch, "trt_cache": trt_cache}

@@ -364,7 +364,11 @@ def sweep(
     grid = (grid or SweepGrid()).resolve(device.type)
     if cameras.render is None:
         raise ConfigError("bench --sweep needs a clip renderer (SimCameras.render)")
-    detector = detector or load_model(options)
+    # the cells run one detector at each precision: it is chosen for the lowest one swept
+    # (runtime auto keeps torch where a reduced precision is swept: the export is fp32 only)
+    reduced = next((p for p in grid.precisions or () if p != "fp32"), config.precision)
+    chosen = dataclasses.replace(options, settings={**options.settings, "precision": reduced})
+    detector = detector or load_model(chosen)
     with tempfile.TemporaryDirectory(prefix="drivepercept-sweep-") as tmp:
         clip_count = min(CLIPS, max(grid.cameras))
         log.info("rendering %d clips of %g s at %dx%d", clip_count, CLIP_S, width, height)

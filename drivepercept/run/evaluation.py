@@ -54,7 +54,8 @@ def evaluate(
         settings: the keys of a settings file (`drivepercept.run.read_settings_file`) that
             eval uses: model (default: a clip's rig names it, else `DEFAULT_MODEL`), weights,
             classes, input_size, weights_dir, weights_mirror, onnx_layout, onnx_batch,
-            trt_cache, out (runs/), name (eval-<date>-<time>) and the pipeline settings.
+            trt_cache, runtime, onnx_cache, out (runs/), name (eval-<date>-<time>) and the
+            pipeline settings.
         thresholds: which labelled objects are too hidden or small to be targets.
 
     Returns None when the run was interrupted (nothing is scored).
@@ -77,6 +78,8 @@ def evaluate(
         weights_dir=given.get("weights_dir"),
         weights_mirror=given.get("weights_mirror"),
         **{key: given[key] for key in ONNX_KEYS if key in given},
+        runtime=given.get("runtime", "auto"),
+        onnx_cache=given.get("onnx_cache"),
         settings=chosen,
         out_root=Path(given.get("out", "runs")),
         name=given.get("name") or time.strftime("eval-%Y%m%d-%H%M%S"),

@@ -21,10 +21,12 @@ from drivepercept.engine.device import resolve_device
 from drivepercept.errors import one_line
 from drivepercept.models import WeightsStore, load_detector
 from drivepercept.models.base import Detector
+from drivepercept.models.onnx import is_onnx
+from drivepercept.models.runtime import RuntimeRequest, choose_runtime, for_onnx_file
 from drivepercept.pipeline import Pipeline
 from drivepercept.report import ReportResult, write_report
 from drivepercept.rig import CameraConfig, resolve_cameras
-from drivepercept.run.options import Mode, RunOptions
+from drivepercept.run.options import Mode, RunOptions, default_onnx_cache
 from drivepercept.run.record import final_record, first_record
 from drivepercept.rundir import RunDir, RunRecord, make_run_dir
 from drivepercept.sinks import AnnotatedVideoSink, DetectionsJsonlSink, FrameTimingCsvSink
@@ -108,12 +110,18 @@ def _video_policy(mode: Mode) -> SinkPolicy:
 
 
 def load_model(options: RunOptions) -> Detector:
-    """The detector `options` name, with its weights, classes, input size and weights store.
+    """The detector `options` name, with its weights, classes, input size and weights store,
+    on the runtime `options.runtime` chooses for the device (`drivepercept.models.runtime`:
+    auto runs an exportable model on ONNX Runtime on a CPU, from the export cache).
 
     Raises:
-        ModelError: it cannot be built or its weights cannot be had (one line).
+        ConfigError: a bad setting (or a device that is not there).
+        ModelError: it cannot be built, its weights cannot be had, or the runtime asked for
+            cannot run it (one line).
     """
-    return load_detector(
+    config = options.pipeline()
+    threads = config.torch_threads  # the model's threads, whichever runtime runs it
+    detector = load_detector(
         options.model_name,
         weights=options.weights,
         classes=options.classes,
@@ -122,7 +130,21 @@ def load_model(options: RunOptions) -> Detector:
         onnx_layout=options.onnx_layout,
         onnx_batch=options.onnx_batch,
         trt_cache=options.trt_cache,
+        threads=threads,
     )
+    if is_onnx(options.model_name):
+        return for_onnx_file(detector, options.runtime)
+    request = RuntimeRequest(
+        runtime=options.runtime,
+        device_type=resolve_device(config.device).type,
+        precision=config.precision,
+        compile=config.compile,
+        cuda_graphs=config.cuda_graphs,
+        threads=threads,
+        cache=options.onnx_cache or default_onnx_cache({}),
+        random_weights=options.weights is None or options.weights.strip().lower() == "none",
+    )
+    return choose_runtime(detector, request)
 
 
 def run(

@@ -16,7 +16,7 @@ from drivepercept.config import SETTING_KINDS, PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml, rig_model
-from drivepercept.types import CLASS_CHOICES
+from drivepercept.types import CLASS_CHOICES, RUNTIMES
 
 # The real-road default: a pretrained COCO detector (its official weights are downloaded once).
 # A synthetic rig's rig.toml names the model trained on it instead (drivepercept-tiny).
@@ -28,18 +28,32 @@ PIPELINE_KEYS = frozenset(f.name for f in _PIPELINE_FIELDS)
 ONNX_KEYS = ("onnx_layout", "onnx_batch", "trt_cache")
 RUN_KEYS = frozenset(
     {"model", "weights", "classes", "input_size", "out", "name", "save_video", "mosaic"}
-    | {"budget_ms", "weights_dir", "weights_mirror", *ONNX_KEYS}
+    | {"budget_ms", "weights_dir", "weights_mirror", *ONNX_KEYS, "runtime", "onnx_cache"}
 )
 # settings a front end takes from the environment (`environment_settings`)
 ENVIRONMENT = {
     "weights_dir": "DRIVEPERCEPT_WEIGHTS_DIR",
     "weights_mirror": "DRIVEPERCEPT_WEIGHTS_MIRROR",
+    "onnx_cache": "DRIVEPERCEPT_ONNX_CACHE",
 }
 
 
 def environment_settings(environ: Mapping[str, str]) -> dict[str, str]:
-    """The settings `environ` gives (the CLI passes `os.environ`; components read none)."""
-    return {k: environ[v].strip() for k, v in ENVIRONMENT.items() if environ.get(v, "").strip()}
+    """The settings `environ` gives (the CLI passes `os.environ`; components read none):
+    the variables of `ENVIRONMENT`, and the ONNX export cache under `$XDG_CACHE_HOME` where
+    that is set and `$DRIVEPERCEPT_ONNX_CACHE` is not (else the default, ~/.cache's)."""
+    found = {k: environ[v].strip() for k, v in ENVIRONMENT.items() if environ.get(v, "").strip()}
+    if environ.get("XDG_CACHE_HOME", "").strip():
+        found.setdefault("onnx_cache", str(default_onnx_cache(environ)))
+    return found
+
+
+def default_onnx_cache(environ: Mapping[str, str]) -> Path:
+    """The export cache of `runtime = "auto"`: `$XDG_CACHE_HOME/drivepercept/onnx`, else
+    `~/.cache/drivepercept/onnx` (`environ`: what the front end passes; {} for the latter)."""
+    xdg = environ.get("XDG_CACHE_HOME", "").strip()
+    root = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return root / "drivepercept" / "onnx"
 
 
 FILE_KEYS = PIPELINE_KEYS | RUN_KEYS | {"report", "sources"}
@@ -163,6 +177,11 @@ class RunOptions:
         onnx_layout, onnx_batch, trt_cache: for a `.onnx` model only: its output layout
             (yolox, yolov8, end2end) and batch-1 policy (loop, refuse) over its sidecar's,
             and TensorRT's engine cache folder (`drivepercept.models.onnx`).
+        runtime: what runs the network: "auto" (the fastest for the device: ONNX Runtime
+            for an exportable model on a CPU), "torch" or "onnxruntime"
+            (`drivepercept.models.runtime`).
+        onnx_cache: the folder of cached exports for runtime auto / onnxruntime; None for
+            `default_onnx_cache({})` (the CLI passes `$XDG_CACHE_HOME`'s).
         settings: `PipelineConfig` fields the caller chose; the mode fills in the rest.
         out_root, name: the run folder is out_root/name (name defaults to <mode>-<date>-<time>).
         save_video, mosaic: annotated videos, per camera or tiled.
@@ -186,6 +205,8 @@ class RunOptions:
     onnx_layout: str | None = None
     onnx_batch: str | None = None
     trt_cache: Path | None = None
+    runtime: str = "auto"
+    onnx_cache: Path | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     out_root: Path = Path("runs")
     name: str | None = None
@@ -223,6 +244,10 @@ class RunOptions:
                 raise ConfigError(f"{flag} ({key}) is for .onnx models only; model is {self.model}")
         if self.trt_cache is not None:
             object.__setattr__(self, "trt_cache", Path(self.trt_cache))
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
+        if self.onnx_cache is not None:
+            object.__setattr__(self, "onnx_cache", Path(self.onnx_cache))
         if self.weights_dir is not None:
             object.__setattr__(self, "weights_dir", Path(self.weights_dir))
         unknown = sorted(set(self.settings) - PIPELINE_KEYS)

@@ -2,8 +2,10 @@
 
 Sections (each a JSON object; `drivepercept.rundir.RunRecord` fixes the top level):
 
-- model: name, weights, input_size, classes_kept; at the end, runtime where the detector
-  says what ran it beyond torch (ONNX: layout, batch policy, providers per device, IO binding);
+- model: name, weights, input_size, classes_kept, runtime_choice {asked, ran, reason, onnx,
+  export_s} (which runtime ran the network and why: `models/runtime.py`; asked is null for a
+  detector the caller built); at the end, runtime where the detector says what ran it beyond
+  torch (ONNX: layout, batch policy, threads, providers per device, IO binding);
 - config: the `PipelineConfig` the run used;
 - sources: per camera: camera, source (credentials redacted), width, height, fps,
   frame_count (the container's estimate, -1 unknown);
@@ -40,6 +42,7 @@ import torchvision
 
 from drivepercept import __version__
 from drivepercept._threads import wait_policy
+from drivepercept.models.base import Detector, RuntimeChoice
 from drivepercept.pipeline import Pipeline
 from drivepercept.rig import CameraConfig, camera_source
 from drivepercept.run.options import Mode, RunOptions
@@ -164,6 +167,14 @@ def sinks_record(reports: dict[str, SinkReport]) -> dict[str, Any]:
     }
 
 
+def runtime_choice(detector: Detector) -> dict[str, Any]:
+    """Which runtime ran the network, asked for what, and why."""
+    if detector.runtime_choice is not None:
+        return detector.runtime_choice.as_dict()
+    ran = "torch" if detector.runtime is None else "onnxruntime"
+    return RuntimeChoice(None, ran, "detector built by the caller").as_dict()
+
+
 def first_record(
     options: RunOptions,
     pipeline: Pipeline,
@@ -183,6 +194,7 @@ def first_record(
             "weights": options.weights,
             "input_size": list(detector.input.size),
             "classes_kept": (list(reported) if detector.keep_labels is not None else None),
+            "runtime_choice": runtime_choice(detector),
         },
         config=dataclasses.asdict(pipeline.config),
         sources=sources_record(cams, readers, live=options.mode is Mode.LIVE),

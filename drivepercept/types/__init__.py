@@ -17,6 +17,7 @@ import numpy.typing as npt
 from drivepercept.types.model_input import CLASS_CHOICES as CLASS_CHOICES
 from drivepercept.types.model_input import COCO_TO_DRIVING as COCO_TO_DRIVING
 from drivepercept.types.model_input import DRIVING_CLASSES as DRIVING_CLASSES
+from drivepercept.types.model_input import RUNTIMES as RUNTIMES
 from drivepercept.types.model_input import ColorOrder as ColorOrder
 from drivepercept.types.model_input import FloatArray as FloatArray
 from drivepercept.types.model_input import InputSpec as InputSpec

@@ -32,6 +32,10 @@ DRIVING_CLASSES: tuple[str, ...] = (
 # what a run may report: the driving classes (COCO's mapped onto them), or every class
 CLASS_CHOICES: tuple[str, ...] = ("driving", "all")
 
+# what runs a detector's network: the fastest for the device, torch, or ONNX Runtime
+# (`drivepercept.models.runtime`)
+RUNTIMES: tuple[str, ...] = ("auto", "torch", "onnxruntime")
+
 # COCO class names -> the driving class each is reported as (the others are not driving
 # classes); used by the COCO models and by eval for models that report COCO names.
 COCO_TO_DRIVING: Mapping[str, str] = MappingProxyType(

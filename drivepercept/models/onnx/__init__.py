@@ -42,6 +42,7 @@ def build(
     layout: str | None = None,
     batch: str | None = None,
     trt_cache: str | Path | None = None,
+    threads: int = 0,
 ) -> Detector:
     """The detector an ONNX file holds, on ONNX Runtime (CPU; a GPU's providers on first use
     there, see `session.py`).
@@ -53,6 +54,7 @@ def build(
         layout: "yolox", "yolov8" or "end2end", over the sidecar's and the graph's.
         batch: "loop" or "refuse" (a batch-1 export given a larger batch), over the sidecar's.
         trt_cache: TensorRT's engine cache folder (default `<stem>.trt-cache` beside the file).
+        threads: ORT's intra-op threads on the CPU (0: its default, one per physical core).
 
     Raises:
         ModelError: no onnxruntime, not an ONNX file, a classifier, an unknown layout, a bad
@@ -70,7 +72,7 @@ def build(
             f"ONNX batch policy must be one of {', '.join(BATCH_POLICIES)}, got {batch!r}"
         )
     side = read_sidecar(path)
-    session = open_session(path)
+    session = open_session(path, threads=threads)
     graph = read_graph(path, session)
     chosen = layout or side.layout or layouts.recognise(graph)
     if chosen is None:
@@ -94,6 +96,7 @@ def build(
         raw_grid=raw,
         refuse_batches=(batch or side.batch) == "refuse",
         trt_cache=Path(trt_cache) if trt_cache is not None else None,
+        threads=threads,
     )
     detr_style = chosen == "end2end" and graph.size_input is not None
     try:

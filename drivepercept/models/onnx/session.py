@@ -26,7 +26,7 @@ from drivepercept.models.onnx.binding import DeviceRun
 from drivepercept.models.onnx.layouts import Dim, Graph, Port
 
 log = logging.getLogger(__name__)
-INSTALL_HINT = "pip install 'drivepercept[onnx]'"
+INSTALL_HINT = "pip install onnxruntime"
 CPU = eps.CPU
 
 
@@ -43,8 +43,10 @@ def import_ort() -> Any:
     return onnxruntime
 
 
-def open_session(path: Path, providers: list[Any] | None = None) -> Any:
-    """An `InferenceSession` for the file (CPU unless `providers` says otherwise).
+def open_session(path: Path, providers: list[Any] | None = None, *, threads: int = 0) -> Any:
+    """An `InferenceSession` for the file (CPU unless `providers` says otherwise), on
+    `threads` intra-op threads (0: ORT's default, one per physical core). The engine's CPU
+    lanes and torch's thread count are torch's; this is the same setting for ORT.
 
     Raises:
         ModelError: onnxruntime missing, file missing, or not an ONNX model it can load.
@@ -54,6 +56,8 @@ def open_session(path: Path, providers: list[Any] | None = None) -> Any:
         raise ModelError(f"ONNX model file not found: {path}")
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: ORT's warnings are not the user's
+    if threads > 0:
+        options.intra_op_num_threads = threads
     try:
         return ort.InferenceSession(str(path), options, providers=providers or [CPU])
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... for any bad file
@@ -107,8 +111,10 @@ class OnnxDetector(nn.Module):
         raw_grid: bool,
         refuse_batches: bool = False,
         trt_cache: Path | None = None,
+        threads: int = 0,
     ) -> None:
         super().__init__()
+        self.threads = threads
         self.path = path
         self.graph = graph
         self.layout = layout
@@ -195,7 +201,7 @@ class OnnxDetector(nn.Module):
             )
             self._bound[key] = None
             if eps.names(chosen) != [CPU]:
-                session = open_session(self.path, chosen)
+                session = open_session(self.path, chosen, threads=self.threads)
                 # ORT falls back to the CPU alone when a GPU provider cannot start
                 if set(session.get_providers()) & set(eps.GPU_PROVIDERS):
                     self._sessions[key] = session
@@ -233,5 +239,6 @@ class OnnxDetector(nn.Module):
             "version": getattr(import_ort(), "__version__", None),
             "layout": self.layout,
             "batch": "refuse" if self.refuse_batches else "loop",
+            "threads": self.threads or None,  # None: ORT's default (one per physical core)
             "sessions": sessions,
         }

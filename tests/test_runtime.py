@@ -1,0 +1,308 @@
+"""The runtime choice (models/runtime.py) and the export cache (models/export_cache.py): auto
+runs exportable models on ONNX Runtime on a CPU, from a cache, with torch's outputs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from drivepercept.errors import ModelError
+from drivepercept.models import export, export_cache, load_detector
+from drivepercept.models.base import Detector
+from drivepercept.models.onnx import providers
+from drivepercept.models.runtime import RuntimeRequest, choose_runtime
+from drivepercept.run import RunOptions, environment_settings, read_settings_file
+from drivepercept.run.job import load_model
+from drivepercept.run.options import default_onnx_cache
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+pytestmark = pytest.mark.timeout(300)
+
+SAMPLE_RIG = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
+Cli = Callable[[list[str]], tuple[int, str]]
+
+
+def _replay(cli: Cli, out: Path, name: str, *flags: str) -> dict[str, Any]:
+    """The sample rig, 3 frames a camera: run.json."""
+    argv = ["replay", str(SAMPLE_RIG), "--max-frames", "3", "--out", str(out), "--name", name]
+    code, err = cli([*argv, "--no-progress", "--no-report", *flags])
+    assert code == 0, err
+    record: dict[str, Any] = json.loads((out / name / "run.json").read_text())
+    return record
+
+
+def _boxes(run_dir: Path) -> dict[tuple[str, int], tuple[np.ndarray[Any, Any], list[str]]]:
+    """(camera, frame) -> (boxes (N, 4), class names) from detections.jsonl."""
+    found = {}
+    for line in (run_dir / "detections.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        boxes = np.asarray(d["boxes"], dtype=np.float64).reshape(-1, 4)
+        found[(d["camera"], d["frame_index"])] = (boxes, list(d["class_names"]))
+    return found
+
+
+def _exports(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Counts the cache's exports: the names of the models exported, in order."""
+    made: list[str] = []
+    real = export.export_onnx
+
+    def counting(detector: Detector, out: Path, *, batch: int | None = 1) -> export.Exported:
+        made.append(detector.name)
+        return real(detector, out, batch=batch)
+
+    monkeypatch.setattr(export, "export_onnx", counting)
+    return made
+
+
+# --------------------------------------------------------------------------- the default
+
+
+def test_a_plain_replay_of_the_sample_rig_runs_on_ort_with_torchs_boxes(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given the sample rig (drivepercept-tiny, its bundled weights), no runtime flag
+    cache = tmp_path / "cache"
+    auto = _replay(in_process, tmp_path, "auto", "--onnx-cache", str(cache))
+    # then ONNX Runtime ran it, from an export in the cache, and run.json says why
+    choice = auto["model"]["runtime_choice"]
+    assert (choice["asked"], choice["ran"]) == ("auto", "onnxruntime")
+    assert "CPU" in choice["reason"] and Path(choice["onnx"]).parent == cache
+    assert auto["model"]["runtime"]["backend"] == "onnxruntime"
+    assert auto["model"]["name"] == "drivepercept-tiny"
+    # when the same frames run on torch
+    plain = _replay(in_process, tmp_path, "torch", "--runtime", "torch")
+    assert plain["model"]["runtime_choice"]["ran"] == "torch"
+    assert "runtime" not in plain["model"]
+    # then every camera frame has the same boxes, within a pixel, of the same classes
+    ort_boxes, torch_boxes = _boxes(tmp_path / "auto"), _boxes(tmp_path / "torch")
+    assert sorted(ort_boxes) == sorted(torch_boxes) and len(ort_boxes) == 18
+    assert sum(len(b) for b, _ in torch_boxes.values()) > 0
+    for key, (boxes, names) in torch_boxes.items():
+        other, other_names = ort_boxes[key]
+        assert names == other_names, key
+        assert boxes.shape == other.shape and np.abs(boxes - other).max(initial=0) <= 1.0, key
+
+
+def test_random_yolox_weights_run_on_ort_from_a_temporary_export(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given yolox-nano with random weights (a draw never seen again), no runtime flag
+    cache = tmp_path / "cache"
+    record = _replay(
+        in_process, tmp_path, "nano", "--model", "yolox-nano", "--weights", "none",
+        "--onnx-cache", str(cache),
+    )  # fmt: skip
+    # then ORT ran it, and the export was not kept in the cache
+    choice = record["model"]["runtime_choice"]
+    assert choice["ran"] == "onnxruntime" and choice["export_s"] is not None
+    assert not cache.exists() or not list(cache.iterdir())
+    assert not Path(choice["onnx"]).exists()  # removed once the CPU session had loaded it
+    assert len(_boxes(tmp_path / "nano")) == 18
+
+
+def test_ort_gives_torchs_raw_outputs_for_the_same_random_yolox() -> None:
+    # given one random yolox-nano, on torch and, exported, on ORT
+    torch_det = load_detector("yolox-nano", weights="none")
+    ort_det = choose_runtime(torch_det, RuntimeRequest(random_weights=True))
+    assert ort_det.runtime_choice is not None and ort_det.runtime_choice.ran == "onnxruntime"
+    # then what the engine sees of each is the same model: classes, filter, input, NMS
+    for field in ("name", "input", "class_names", "keep_labels", "report_as", "final_outputs"):
+        assert getattr(ort_det, field) == getattr(torch_det, field), field
+    # and its raw outputs on the same batch of 3 agree (no NMS: no near-tie can reorder them)
+    w, h = torch_det.input.size
+    x = torch.rand(3, 3, h, w, generator=torch.Generator().manual_seed(0)) * 255
+    with torch.inference_mode():
+        want, got = torch_det.module(x), ort_det.module(x)
+    assert len(want) == len(got) == 3
+    for a, b in zip(want, got, strict=True):
+        assert a["boxes"].shape == b["boxes"].shape
+        assert torch.allclose(a["scores"], b["scores"], atol=1e-4)
+        assert torch.allclose(a["boxes"], b["boxes"], atol=0.05)
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def test_a_second_run_reuses_the_cached_export(
+    in_process: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _exports(monkeypatch)
+    cache = tmp_path / "cache"
+    first = _replay(in_process, tmp_path, "one", "--onnx-cache", str(cache))
+    entry = Path(first["model"]["runtime_choice"]["onnx"])
+    stamp = entry.stat().st_mtime_ns
+    second = _replay(in_process, tmp_path, "two", "--onnx-cache", str(cache))
+    # then one export: the second run found it (same file, untouched, no export time)
+    assert made == ["drivepercept-tiny"]
+    assert second["model"]["runtime_choice"]["onnx"] == str(entry)
+    assert second["model"]["runtime_choice"]["export_s"] is None
+    assert entry.stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in cache.iterdir()) == [entry.name, entry.with_suffix(".toml").name]
+
+
+def _nano_weights(tmp_path: Path) -> str:
+    """A yolox-nano weights file (a state dict: cached, unlike random weights)."""
+    from drivepercept.models.yolox import SIZES, YOLOX
+    from drivepercept.models.yolox_weights import COCO80
+
+    path = tmp_path / "nano.pth"
+    torch.save(YOLOX(SIZES["nano"], num_classes=len(COCO80)).state_dict(), path)  # unfused
+    return str(path)
+
+
+def test_another_input_size_or_weights_is_another_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _exports(monkeypatch)
+    weights = _nano_weights(tmp_path)
+    cache = tmp_path / "cache"
+
+    def entry(size: tuple[int, int], weights: str = weights) -> Path:
+        options = RunOptions(
+            sources=("a.mp4",), model="yolox-nano", weights=weights, input_size=size,
+            onnx_cache=cache, settings={"device": "cpu"},
+        )  # fmt: skip
+        choice = load_model(options).runtime_choice
+        assert choice is not None and choice.onnx is not None
+        return choice.onnx
+
+    small, again, large = entry((320, 192)), entry((320, 192)), entry((416, 256))
+    assert small == again and small != large and "320x192" in small.name
+    other = tmp_path / "other.pth"
+    state = torch.load(weights)
+    state[next(iter(state))] += 1.0
+    torch.save(state, other)
+    assert entry((320, 192), str(other)) != small  # the key follows the weights themselves
+    assert made == ["yolox-nano"] * 3
+
+
+def test_a_corrupt_cache_entry_is_exported_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    made = _exports(monkeypatch)
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    request = RuntimeRequest(cache=tmp_path)
+    entry = export_cache.ExportCache(tmp_path).path(tiny)
+    assert choose_runtime(tiny, request).runtime_choice is not None and entry.is_file()
+    # given the entry cut short (a crash of an older version, a full disk)
+    entry.write_bytes(entry.read_bytes()[:1000])
+    # when it is used again: one warning, a new export, and a detector that runs
+    with caplog.at_level(logging.WARNING, logger="drivepercept.models.runtime"):
+        again = choose_runtime(tiny, request)
+    assert len(made) == 2 and "exporting it again" in caplog.text
+    assert again.runtime_choice is not None and again.runtime_choice.ran == "onnxruntime"
+    w, h = tiny.input.size
+    with torch.inference_mode():
+        assert len(again.module(torch.zeros(2, 3, h, w))) == 2
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".export-")]
+
+
+def test_the_cache_folder_comes_from_the_environment_the_cli_passes(tmp_path: Path) -> None:
+    xdg = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert default_onnx_cache(xdg) == tmp_path / "xdg" / "drivepercept" / "onnx"
+    assert default_onnx_cache({}) == Path.home() / ".cache" / "drivepercept" / "onnx"
+    assert environment_settings(xdg)["onnx_cache"] == str(default_onnx_cache(xdg))
+    given = {**xdg, "DRIVEPERCEPT_ONNX_CACHE": str(tmp_path / "mine")}
+    assert environment_settings(given)["onnx_cache"] == str(tmp_path / "mine")
+    assert "onnx_cache" not in environment_settings({})  # RunOptions' default: ~/.cache's
+
+
+def test_runtime_and_onnx_cache_are_settings_file_keys(tmp_path: Path) -> None:
+    path = tmp_path / "replay.toml"
+    path.write_text('runtime = "torch"\nonnx_cache = "/tmp/x"\n')
+    assert read_settings_file(path) == {"runtime": "torch", "onnx_cache": "/tmp/x"}
+
+
+# --------------------------------------------------------------------------- the fallbacks
+
+
+def test_auto_runs_a_torchvision_model_on_torch_with_one_log_line(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    detector = load_detector("ssdlite320_mobilenet_v3_large", weights="none")
+    with caplog.at_level(logging.INFO, logger="drivepercept.models.runtime"):
+        chosen = choose_runtime(detector, RuntimeRequest(cache=tmp_path))
+    assert chosen.module is detector.module and chosen.runtime is None  # torch, as it was
+    assert chosen.runtime_choice is not None and chosen.runtime_choice.ran == "torch"
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "runs on torch" in lines[0] and "does not export" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (RuntimeRequest(compile=True), "compile is a torch option"),
+        (RuntimeRequest(cuda_graphs=True, device_type="cuda"), "cuda_graphs is a torch option"),
+        (RuntimeRequest(precision="bf16"), "precision bf16 runs on torch"),
+    ],
+)
+def test_auto_keeps_torch_for_torch_only_options(
+    request_: RuntimeRequest, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    with caplog.at_level(logging.INFO, logger="drivepercept.models.runtime"):
+        chosen = choose_runtime(tiny, request_)
+    assert chosen.runtime_choice is not None
+    assert chosen.runtime_choice.ran == "torch" and chosen.runtime_choice.reason.startswith(reason)
+    assert len(caplog.records) == 1
+    # and asked for explicitly, ORT is an error saying the same
+    explicit = RuntimeRequest(**{**request_.__dict__, "runtime": "onnxruntime"})
+    with pytest.raises(ModelError, match=re.escape(f"runtime onnxruntime: {reason}")):
+        choose_runtime(tiny, explicit)
+
+
+def test_auto_keeps_torch_for_plugins_and_when_the_export_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from drivepercept.models.oracle import make_oracle
+
+    oracle = make_oracle(size=(64, 64))
+    assert choose_runtime(oracle, RuntimeRequest()).runtime_choice.ran == "torch"  # type: ignore[union-attr]
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("exporter exploded\nwith details")
+
+    monkeypatch.setattr(export, "export_onnx", broken)
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    with caplog.at_level(logging.WARNING, logger="drivepercept.models.runtime"):
+        chosen = choose_runtime(tiny, RuntimeRequest(cache=tmp_path))
+    assert chosen.runtime_choice is not None and chosen.runtime_choice.ran == "torch"
+    assert "export to ONNX failed (exporter exploded)" in chosen.runtime_choice.reason
+    assert len(caplog.records) == 1
+    with pytest.raises(ModelError, match="export to ONNX failed"):
+        choose_runtime(tiny, RuntimeRequest(runtime="onnxruntime", cache=tmp_path))
+
+
+def test_auto_on_a_gpu_keeps_torch_without_tensorrt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(providers, "tensorrt_installed", lambda: False)
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    chosen = choose_runtime(tiny, RuntimeRequest(device_type="cuda"))
+    assert chosen.runtime_choice is not None and chosen.runtime_choice.ran == "torch"
+    assert "TensorRT" in chosen.runtime_choice.reason
+
+
+def test_ort_runs_on_the_configured_threads(in_process: Cli, tmp_path: Path) -> None:
+    record = _replay(in_process, tmp_path, "t1", "--torch-threads", "1")
+    assert record["model"]["runtime"]["threads"] == 1
+    assert record["environment"]["cpu_lanes"] == 1  # lanes are torch's
+
+
+@pytest.mark.cuda
+def test_auto_on_cuda_runs_torch_unless_tensorrt_is_installed_cuda(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    record = _replay(in_process, tmp_path, "gpu", "--device", "cuda")
+    trt = providers.tensorrt_installed()
+    assert record["model"]["runtime_choice"]["ran"] == ("onnxruntime" if trt else "torch")
