@@ -10,6 +10,8 @@ which reuses the system torch, OpenCV and numpy and drivepercept's dependencies:
     /work/peer-venv/bin/pip install ultralytics
     PYTHONPATH=. /work/peer-venv/bin/python scripts/bench_peer.py --rounds 2 --duration 20
 
+`YOLO_OFFLINE=1` is set before Ultralytics is imported: nothing is downloaded at run time.
+
 The network is YOLOv8n built from Ultralytics' own config (`YOLO("yolov8n.yaml")`: random
 weights, nothing downloaded), at a square input of --imgsz. Freshly built, its output does not
 depend on the input (see `settle_norms`), so its batch norms first take their statistics from
@@ -26,12 +28,29 @@ are shifted once, before anything runs, to put about --candidates anchors per fr
 and suppress a realistic number of boxes. Replay checks that both find the same number of
 boxes in every frame.
 
-Each tool keeps its own process-wide settings: Ultralytics sets torch's intra-op threads
-to cpu_count - 1 when it sets up a predictor on a CPU (and `cv2.setNumThreads(0)` when it is
-imported); drivepercept runs with torch's and OpenCV's defaults, and its own channels_last
-layout. They are put back before each tool's round (`--threads N` forces N on both).
+Threads: both tools run the network on the same intra-op threads, --threads (default: the
+machine's cores). Ultralytics sets torch's threads to cpu_count - 1 when it sets up a
+predictor on a CPU (and `cv2.setNumThreads(0)` when it is imported); the matched rounds put
+--threads back in its `on_predict_start` callback. drivepercept gets them as the run's
+`torch_threads` setting (its CPU lanes split them; an ONNX model's session gets them too),
+with OpenCV's default threads and its own channels_last layout. --peer-default-threads adds a
+round of the peer at its own default (torch: cpu_count - 1, one thread on a 2-core machine;
+ONNX Runtime: its default, one per physical core) after each matched pair: a second line,
+labelled "peer's own default threads (not like for like)". Every line says how many
+threads each side used.
 
-Modes, each run as peer, ours, peer, ours, ... for --rounds rounds:
+Runtimes (--runtime torch, onnxruntime or both, the default): on torch, each tool runs the
+network object as above. On onnxruntime, the same settled and calibrated network is exported
+once (`_bench_peer/exported.py`: opset 17, dynamic batch, height and width, with the
+metadata Ultralytics' own exporter writes, and drivepercept's sidecar with the torch
+`Detector`'s letterbox); the peer runs it through its documented path,
+`YOLO("yolov8n.onnx", task="detect").predict(...)`, with its ORT session given --threads
+intra-op threads (AutoBackend has no setting for them: its backend is handed session
+options for the matched rounds), and drivepercept runs `--model yolov8n.onnx` (runtime
+onnxruntime, every class) on `torch_threads` = --threads. Replay checks boxes per frame
+against the peer's on the same runtime.
+
+Modes, each run as peer, ours[, peer-own] per runtime, round after round, for --rounds rounds:
 
 * replay: every frame of --streams file streams (the clips in --videos, cycled), each cut to
   --replay-frames (default: the shortest clip). Peer: a `.streams` file of the paths with
@@ -122,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     globals_ = Globals(
         torch_threads=torch.get_num_threads(),
         cv2_threads=cv2.getNumThreads(),
-        forced_threads=settings.threads,
+        threads=settings.threads,
     )
     os.environ.setdefault("YOLO_OFFLINE", "1")  # no update checks or events, no network
     peer = _Ultralytics()
@@ -138,10 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bench_peer: error: {exc}", file=sys.stderr)
             return 1
     rounds = [RoundResult(**r) for r in record["rounds"]]
+    v = record["versions"]
     print(
-        f"ultralytics {record['versions']['ultralytics']}, torch {record['versions']['torch']}; "
+        f"ultralytics {v['ultralytics']}, torch {v['torch']}, onnxruntime {v['onnxruntime']}; "
         f"{len(record['streams'])} streams; replay {record['replay_frames_per_stream']} frames "
         f"a stream; peer JPEG decode (not in its latency) {record['peer_jpeg_decode_ms']:.1f} ms"
+    )
+    print(
+        f"both tools on {settings.threads} threads ({os.cpu_count()} cores) unless the line "
+        "says the peer's own default threads; threads 'ort': ONNX Runtime's default"
     )
     for line in table(rounds, record["summary"]):
         print(line)

@@ -5,7 +5,9 @@ script's docstring)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -22,13 +24,30 @@ SCRIPT = SCRIPTS / "bench_peer.py"
 if str(SCRIPTS) not in sys.path:
     sys.path.append(str(SCRIPTS))
 
-from _bench_peer import options, stats  # noqa: E402  (scripts/ is a folder, not a package)
+from _bench_peer import exported, options, rounds, stats  # noqa: E402  (scripts/: not a package)
 from _bench_peer.stamps import ArrivalStamps  # noqa: E402
 
 
-def _round(tool: str, mode: str, n: int, fps: float, p50: float = math.nan) -> stats.RoundResult:
+def _round(
+    tool: str,
+    mode: str,
+    n: int,
+    fps: float,
+    p50: float = math.nan,
+    *,
+    runtime: str = "torch",
+    threads: int = 2,
+) -> stats.RoundResult:
     return stats.RoundResult(
-        tool=tool, mode=mode, round=n, frames=100, fps=fps, p50_ms=p50, p99_ms=p50 * 2
+        tool=tool,
+        mode=mode,
+        round=n,
+        frames=100,
+        fps=fps,
+        p50_ms=p50,
+        p99_ms=p50 * 2,
+        runtime=runtime,
+        threads=threads,
     )
 
 
@@ -40,8 +59,25 @@ def test_defaults_are_six_streams_two_rounds_of_both_modes_at_320() -> None:
     assert (settings.streams, settings.rounds, settings.imgsz) == (6, 2, 320)
     assert settings.modes == ("replay", "live")
     assert (settings.conf, settings.iou, settings.max_det) == (0.25, 0.7, 100)
-    assert settings.threads == 0  # each tool's own choice
     assert settings.json_path is None
+
+
+def test_by_default_both_tools_get_the_machines_cores_on_both_runtimes() -> None:
+    settings = options.parse_args([])
+    assert settings.threads == (os.cpu_count() or 1)
+    assert settings.runtimes == ("torch", "onnxruntime")
+    assert settings.peer_default_threads is False  # the peer's own default: asked for
+
+
+def test_runtime_threads_and_the_peer_default_line_are_chosen_by_flags() -> None:
+    settings = options.parse_args(
+        ["--runtime", "onnxruntime", "--threads", "3", "--peer-default-threads"]
+    )
+    assert settings.runtimes == ("onnxruntime",)
+    assert settings.threads == 3
+    assert settings.peer_default_threads is True
+    assert options.parse_args(["--runtime", "both"]).runtimes == ("torch", "onnxruntime")
+    assert options.parse_args(["--threads", "cores"]).threads == options.machine_cores()
 
 
 def test_flags_are_parsed_into_settings(tmp_path: Path) -> None:
@@ -59,7 +95,10 @@ def test_flags_are_parsed_into_settings(tmp_path: Path) -> None:
         (["--imgsz", "300"], "--imgsz must be a multiple of 32"),
         (["--rounds", "0"], "--rounds must be >= 1"),
         (["--modes", "replay,offline"], "--modes"),
-        (["--threads", "many"], "--threads must be auto or a count"),
+        (["--threads", "many"], "--threads must be cores or a count"),
+        (["--threads", "auto"], "--threads must be cores or a count"),
+        (["--threads", "0"], "--threads must be cores or a count >= 1"),
+        (["--runtime", "tensorrt"], "--runtime: torch, onnxruntime or both"),
         (["--duration", "1"], "--duration must be > 2 s"),
         (["--conf", "1.5"], "--conf must be in (0, 1)"),
     ],
@@ -130,8 +169,8 @@ def test_ratio_is_ours_over_peer_and_nan_when_undefined() -> None:
     assert math.isnan(stats.ratio(math.nan, 20.0))
 
 
-def test_summary_gives_best_median_and_ratios_per_mode() -> None:
-    # given two interleaved rounds of each tool in each mode
+def test_summary_gives_best_median_and_ratios_per_mode_and_runtime() -> None:
+    # given two interleaved rounds of each tool in each mode, on torch
     rounds = [
         _round("peer", "replay", 1, 10.0),
         _round("ours", "replay", 1, 14.0),
@@ -144,20 +183,63 @@ def test_summary_gives_best_median_and_ratios_per_mode() -> None:
     ]
     # when summarised
     summary = stats.summarise(rounds)
-    # then replay has throughput only, live has latency too
-    assert set(summary["replay"]) == {"fps"}
-    assert set(summary["live"]) == {"fps", "p50_ms", "p99_ms"}
-    fps = summary["replay"]["fps"]
+    # then replay has throughput only, live has latency too, each with the threads used
+    replay, live = summary["replay"]["torch"], summary["live"]["torch"]
+    assert set(replay) == {"threads", "fps"}
+    assert set(live) == {"threads", "fps", "p50_ms", "p99_ms"}
+    assert replay["threads"] == {"peer": "2", "ours": "2"}
+    fps = replay["fps"]
     assert (fps["peer_best"], fps["ours_best"]) == (12.0, 18.0)
     assert (fps["peer_median"], fps["ours_median"]) == (11.0, 16.0)
     assert fps["ratio_best"] == pytest.approx(1.5)
     assert fps["ratio_median"] == pytest.approx(16.0 / 11.0)
-    p50 = summary["live"]["p50_ms"]
+    assert "own_ratio_best" not in fps  # no round of the peer at its own default
+    p50 = live["p50_ms"]
     assert (p50["peer_best"], p50["ours_best"]) == (100.0, 60.0)
     assert p50["ratio_best"] == pytest.approx(0.6)
-    # and the table shows every round and every summary line
+    # and the table shows every round and every summary line, naming runtime and threads
     lines = stats.table(rounds, summary)
     assert sum(1 for line in lines if line.startswith(("replay", "live"))) == 8 + 4
+    summary_lines = [line for line in lines if line.endswith("same threads")]
+    assert len(summary_lines) == 4
+    assert all(" torch " in line and " 2/2 " in line for line in summary_lines)
+
+
+def test_the_peer_at_its_own_default_threads_is_a_second_labelled_line() -> None:
+    # given matched rounds on two runtimes, and the peer at its own default threads
+    rounds = [
+        _round("peer", "replay", 1, 10.0),
+        _round("ours", "replay", 1, 9.0),
+        _round(options.PEER_OWN, "replay", 1, 6.0, threads=1),
+        _round("peer", "replay", 1, 20.0, runtime="onnxruntime"),
+        _round("ours", "replay", 1, 25.0, runtime="onnxruntime"),
+        _round(options.PEER_OWN, "replay", 1, 18.0, runtime="onnxruntime", threads=0),
+    ]
+    # when summarised
+    summary = stats.summarise(rounds)
+    # then the headline ratio is against the peer on the same threads, the other is kept apart
+    torch_fps = summary["replay"]["torch"]["fps"]
+    assert torch_fps["ratio_best"] == pytest.approx(0.9)
+    assert torch_fps["own_ratio_best"] == pytest.approx(1.5)
+    assert summary["replay"]["torch"]["threads"] == {"peer": "2", "ours": "2", "peer-own": "1"}
+    ort = summary["replay"]["onnxruntime"]
+    assert ort["fps"]["ratio_median"] == pytest.approx(1.25)
+    assert ort["threads"]["peer-own"] == "ort"  # ONNX Runtime's own default
+    # and the table labels the second line as not like for like, after the headline
+    lines = [line for line in stats.table(rounds, summary) if line.endswith(")")]
+    labelled = [line for line in lines if line.endswith(stats.PEER_OWN_LABEL)]
+    assert len(labelled) == 2
+    assert any(" torch " in line and " 1/2 " in line for line in labelled)
+    assert any(" onnxruntime " in line and " ort/2 " in line for line in labelled)
+    every_round = [line for line in stats.table(rounds, summary) if " peer-own " in line]
+    assert len(every_round) == 2
+
+
+def test_threads_used_names_one_count_or_each_and_ort_for_its_default() -> None:
+    rounds = [_round("peer", "live", 1, 1.0, threads=2), _round("peer", "live", 2, 1.0, threads=1)]
+    assert stats.threads_used(rounds, "peer") == "1,2"
+    assert stats.threads_used([_round("ours", "live", 1, 1.0, threads=0)], "ours") == "ort"
+    assert stats.threads_used(rounds, "ours") == "-"
 
 
 def test_count_agreement_compares_frames_both_tools_processed() -> None:
@@ -175,6 +257,38 @@ def test_arrival_stamps_are_taken_once_by_object() -> None:
     assert stamps.take(other) is None
     assert stamps.take(frame) == 123
     assert stamps.take(frame) is None
+
+
+# ---------------------------------------------------------------------- the ONNX export
+
+
+def test_onnx_metadata_reads_back_as_ultralytics_autobackend_reads_it() -> None:
+    # given the metadata written into the export, each value as str(value) (as Ultralytics'
+    # exporter writes metadata_props)
+    names = ["person", "bicycle", "car"]
+    metadata = exported.ultralytics_metadata(version="8.4.0", stride=32, imgsz=320, names=names)
+    props = {key: str(value) for key, value in metadata.items()}
+    # when read back as AutoBackend's apply_metadata does (int(), ast.literal_eval)
+    stride, batch = int(props["stride"]), int(props["batch"])
+    imgsz, args = ast.literal_eval(props["imgsz"]), ast.literal_eval(props["args"])
+    # then a dynamic, fp32, NMS-free detection export at the bench's input size
+    assert (stride, batch, imgsz) == (32, 1, [320, 320])
+    assert ast.literal_eval(props["names"]) == {0: "person", 1: "bicycle", 2: "car"}
+    assert props["task"] == "detect"
+    assert args["dynamic"] is True and args["nms"] is False and args["half"] is False
+    assert ast.literal_eval(props["end2end"]) is False
+
+
+def test_ours_ort_threads_come_from_the_runs_record(tmp_path: Path) -> None:
+    run_json = tmp_path / "run.json"
+    run_json.write_text(
+        json.dumps({"model": {"runtime": {"backend": "onnxruntime", "threads": 2}}})
+    )
+    assert rounds._run_ort_threads(run_json) == 2
+    run_json.write_text(json.dumps({"model": {"runtime": {"backend": "onnxruntime"}}}))
+    assert rounds._run_ort_threads(run_json) == 0  # ORT's default
+    run_json.write_text(json.dumps({"model": {"runtime": None}}))
+    assert rounds._run_ort_threads(run_json) == -1
 
 
 # ---------------------------------------------------------------------- without ultralytics

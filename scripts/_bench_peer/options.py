@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VIDEOS = ROOT.parent / "shared" / "realvideos"
-TOOLS = ("peer", "ours")
+PEER_OWN = "peer-own"  # the peer at its own default threads: a second, labelled line
+TOOLS = ("peer", "ours", PEER_OWN)
 MODES = ("replay", "live")
+RUNTIMES = ("torch", "onnxruntime")
+
+
+def machine_cores() -> int:
+    """The threads both tools get by default: the machine's cores."""
+    return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------------- options
@@ -32,7 +40,9 @@ class Settings:
     max_det: int = 100
     candidates: int = 30
     fps: float = 25.0
-    threads: int = 0  # 0: each tool's own choice
+    runtimes: tuple[str, ...] = RUNTIMES
+    threads: int = 1  # both tools' intra-op threads (parse_args: the machine's cores)
+    peer_default_threads: bool = False  # also the peer at its own default threads
     json_path: Path | None = None
     out: Path | None = None
 
@@ -46,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  PYTHONPATH=. /work/peer-venv/bin/python scripts/bench_peer.py --json /tmp/peer.json\n"
         "  PYTHONPATH=. /work/peer-venv/bin/python scripts/bench_peer.py --modes live "
-        "--duration 20 --rounds 3",
+        "--duration 20 --rounds 3\n"
+        "  PYTHONPATH=. /work/peer-venv/bin/python scripts/bench_peer.py --runtime torch "
+        "--peer-default-threads",
     )
     parser.add_argument("--videos", type=Path, default=DEFAULT_VIDEOS, help="clips folder")
     parser.add_argument("--streams", type=int, default=6, help="streams (the clips, cycled)")
@@ -65,7 +77,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--fps", type=float, default=25.0, help="live cameras' frame rate")
     parser.add_argument(
-        "--threads", default="auto", help="torch threads: auto (each tool's own) or N for both"
+        "--runtime",
+        default="both",
+        help="what runs the network on both sides: torch, onnxruntime or both (the same "
+        "network exported once to ONNX)",
+    )
+    parser.add_argument(
+        "--threads",
+        default="cores",
+        help="intra-op threads of both tools (torch, or ONNX Runtime): cores (the machine's, "
+        f"{machine_cores()} here) or N",
+    )
+    parser.add_argument(
+        "--peer-default-threads",
+        action="store_true",
+        help="also run the peer at its own default threads (torch: cpu_count - 1; ONNX "
+        "Runtime: its default), reported as a second line, not like for like",
     )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     parser.add_argument("--out", type=Path, default=None, help="keep the run folders here")
@@ -78,6 +105,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser = _parser()
     args = parser.parse_args(argv)
     modes = tuple(m.strip() for m in str(args.modes).split(",") if m.strip())
+    runtimes = RUNTIMES if args.runtime == "both" else (str(args.runtime),)
+    threads = str(args.threads)
     checks = [
         (args.streams >= 1, f"--streams must be >= 1, got {args.streams}"),
         (bool(modes) and set(modes) <= set(MODES), f"--modes: replay, live, got {args.modes!r}"),
@@ -94,8 +123,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         (args.candidates >= 1, f"--candidates must be >= 1, got {args.candidates}"),
         (0 < args.fps <= 120, f"--fps must be in (0, 120], got {args.fps:g}"),
         (
-            args.threads == "auto" or (str(args.threads).isdigit() and int(args.threads) >= 1),
-            f"--threads must be auto or a count >= 1, got {args.threads!r}",
+            set(runtimes) <= set(RUNTIMES),
+            f"--runtime: torch, onnxruntime or both, got {args.runtime!r}",
+        ),
+        (
+            threads == "cores" or (threads.isdigit() and int(threads) >= 1),
+            f"--threads must be cores or a count >= 1, got {args.threads!r}",
         ),
     ]
     for ok, message in checks:
@@ -114,7 +147,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         max_det=args.max_det,
         candidates=args.candidates,
         fps=args.fps,
-        threads=0 if args.threads == "auto" else int(args.threads),
+        runtimes=runtimes,
+        threads=machine_cores() if threads == "cores" else int(threads),
+        peer_default_threads=args.peer_default_threads,
         json_path=args.json,
         out=args.out,
     )

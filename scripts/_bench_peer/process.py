@@ -9,25 +9,31 @@ from dataclasses import dataclass
 
 @dataclass
 class Globals:
-    """The process-wide settings each tool gets: torch intra-op threads and OpenCV threads."""
+    """The process-wide settings each tool gets: torch intra-op threads and OpenCV threads.
+
+    `torch_threads` and `cv2_threads` are what drivepercept found before Ultralytics was
+    imported (for the record); `threads` is what both tools' networks run on.
+    """
 
     torch_threads: int
     cv2_threads: int
-    forced_threads: int = 0
+    threads: int = 1
 
     def for_ours(self) -> None:
         import cv2
         import torch
 
-        torch.set_num_threads(self.forced_threads or self.torch_threads)
+        # the run's torch_threads setting says the same (the engine splits it over its CPU
+        # lanes, and gives it to ONNX Runtime); set here too so nothing runs on the peer's
+        torch.set_num_threads(self.threads)
         cv2.setNumThreads(self.cv2_threads)
 
     def for_peer(self) -> None:
         import cv2
 
         cv2.setNumThreads(0)  # what `import ultralytics` does
-        # the predictor's set-up sets its own thread count (select_device); --threads
-        # overrides it in the on_predict_start callback
+        # the predictor's set-up sets its own thread count (select_device: cpu_count - 1);
+        # the matched rounds set `threads` in the on_predict_start callback
 
 
 def _set_threads(count: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import json
 import logging
 import math
 import os
@@ -16,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from _bench_peer.exported import export_onnx, peer_ort_threads, session_threads
 from _bench_peer.network import _Ultralytics, build_network, calibrated_network
-from _bench_peer.options import TOOLS, Settings
+from _bench_peer.options import PEER_OWN, Settings
 from _bench_peer.process import Globals, _get_threads, _set_threads
 from _bench_peer.stamps import ArrivalStamps, stamped_loader
 from _bench_peer.stats import (
@@ -40,6 +42,9 @@ log = logging.getLogger("bench_peer")
 # ---------------------------------------------------------------------- one round of each
 
 
+ORT = "onnxruntime"
+
+
 @dataclass
 class Bench:
     """Everything the rounds share."""
@@ -52,19 +57,27 @@ class Bench:
     work: Path
     clips: list[Path]
     replay_frames: int
+    onnx_path: Path | None = None  # the network exported once (runtime onnxruntime)
     server: CameraServer | None = None
     live_urls: list[str] = field(default_factory=list)
-    # detections per (stream, frame) of the last peer replay, to check ours against
-    peer_counts: dict[tuple[int, int], int] = field(default_factory=dict)
+    # detections per (stream, frame) of the last matched peer replay per runtime, to check
+    # ours against
+    peer_counts: dict[str, dict[tuple[int, int], int]] = field(default_factory=dict)
 
-    def peer_round(self, mode: str, number: int) -> RoundResult:
+    def peer_round(self, mode: str, number: int, runtime: str, tool: str) -> RoundResult:
+        """The peer: on `settings.threads` (tool "peer") or its own default threads
+        (`PEER_OWN`: torch's cpu_count - 1, ORT's default)."""
         s = self.settings
+        own = tool == PEER_OWN
         self.globals.for_peer()
-        # a fresh Ultralytics model object around a fresh copy of the network each round, so
-        # that every round starts as in a new process (predictor, callbacks, threads)
-        yolo = build_network(self.peer)
-        yolo.model = copy.deepcopy(self.yolo.model)
-        if s.threads:
+        # a fresh Ultralytics model object each round, so that every round starts as in a
+        # new process (predictor, callbacks, threads, ORT session)
+        if runtime == ORT:
+            yolo = self.peer.package.YOLO(str(self.onnx_path), task="detect")
+        else:
+            yolo = build_network(self.peer)
+            yolo.model = copy.deepcopy(self.yolo.model)
+        if not own:
             yolo.add_callback("on_predict_start", lambda _p: _set_threads(s.threads))
         live = mode == "live"
         sources = self.live_urls if live else [str(p) for p in self.clips]
@@ -78,7 +91,11 @@ class Bench:
         detections = 0
         threads = 0
         started = time.monotonic()
-        with stamped_loader(self.peer, stamps) if live else contextlib.nullcontext():
+        with contextlib.ExitStack() as patches:
+            if live:
+                patches.enter_context(stamped_loader(self.peer, stamps))
+            if runtime == ORT and not own:
+                patches.enter_context(peer_ort_threads(s.threads))
             results = yolo.predict(
                 source=str(source),
                 stream=True,
@@ -100,7 +117,7 @@ class Bench:
                         counts[(k % len(sources), k // len(sources))] = len(result.boxes)
                     arrived = stamps.take(result.orig_img) if live else None
                     if len(emitted) == 1:
-                        threads = _get_threads()
+                        threads = session_threads(yolo) if runtime == ORT else _get_threads()
                     if arrived is not None and len(emitted) > len(sources):
                         latencies.append((now - arrived) / 1e6)
                     if not live and len(emitted) >= wanted:
@@ -115,8 +132,8 @@ class Bench:
                 if dataset is not None and hasattr(dataset, "close"):
                     dataset.close()
         wall_s = time.monotonic() - started
-        if not live:
-            self.peer_counts = counts
+        if not live and not own:
+            self.peer_counts[runtime] = counts
         after = len(emitted) - len(sources)
         note = ""
         if live and len(latencies) < after:
@@ -124,8 +141,9 @@ class Bench:
         if not live and len(emitted) != wanted:
             note = f"expected {wanted} frames, got {len(emitted)}"
         return RoundResult(
-            tool="peer",
+            tool=tool,
             mode=mode,
+            runtime=runtime,
             round=number,
             frames=len(emitted),
             fps=throughput_fps(emitted, len(sources)),
@@ -133,12 +151,14 @@ class Bench:
             p99_ms=percentile_ms(latencies, 99) if live else math.nan,
             delivered=self._sent() - sent_before if live else 0,
             detections_per_frame=detections / len(emitted) if emitted else math.nan,
-            torch_threads=threads,
+            threads=threads,
             wall_s=wall_s,
             note=note,
         )
 
-    def ours_round(self, mode: str, number: int) -> RoundResult:
+    def ours_round(self, mode: str, number: int, runtime: str) -> RoundResult:
+        """drivepercept on `settings.threads`: the torch `Detector` around the network, or
+        `--model` the exported file (its sidecar beside it) on ONNX Runtime."""
         from drivepercept.run import Mode, RunOptions, run
 
         s = self.settings
@@ -150,24 +170,29 @@ class Bench:
             "score_threshold": s.conf,
             "iou_threshold": s.iou,
             "max_detections": s.max_det,
+            "torch_threads": s.threads,  # split over the CPU lanes; ORT's threads too
         }
         if not live:
             settings["max_frames"] = self.replay_frames
+        on_ort = runtime == ORT
         options = RunOptions(
             sources=tuple(f"cam{i}={src}" for i, src in enumerate(sources)),
             mode=Mode.LIVE if live else Mode.REPLAY,
-            model="ultralytics-yolov8n",
+            model=str(self.onnx_path) if on_ort else "ultralytics-yolov8n",
+            classes="all",  # every class, as the peer reports them
+            runtime=runtime,
             settings=settings,
             out_root=self.work / "runs",
-            name=f"{mode}-ours-{number}",
+            name=f"{mode}-{runtime}-ours-{number}",
             report_formats=(),
             duration_s=s.duration_s if live else None,
         )
         sent_before = self._sent()
-        threads = _get_threads()
         started = time.monotonic()
-        result = run(options, detector=self.detector)
+        # torch: the very network object; ORT: the file, loaded as `--model x.onnx` loads it
+        result = run(options, detector=None if on_ort else self.detector)
         wall_s = time.monotonic() - started
+        threads = _run_ort_threads(result.run_dir / "run.json") if on_ort else _get_threads()
         rows = _frames_csv(result.run_dir / "frames.csv")
         figures = run_figures(rows)
         later = figures.later_ms
@@ -176,14 +201,16 @@ class Bench:
         note = failure or ""
         if not live and len(rows) != wanted:
             note = f"expected {wanted} frames, got {len(rows)}" + (f"; {note}" if note else "")
-        if not live and self.peer_counts:
+        peer_counts = self.peer_counts.get(runtime)
+        if not live and peer_counts:
             ours_counts = {
                 (int(r["camera_index"]), int(r["frame_index"])): int(r["detections"]) for r in rows
             }
-            note = (note + "; " if note else "") + count_agreement(self.peer_counts, ours_counts)
+            note = (note + "; " if note else "") + count_agreement(peer_counts, ours_counts)
         return RoundResult(
             tool="ours",
             mode=mode,
+            runtime=runtime,
             round=number,
             frames=len(rows),
             fps=figures.fps,
@@ -193,7 +220,7 @@ class Bench:
             detections_per_frame=(
                 sum(int(r["detections"]) for r in rows) / len(rows) if rows else math.nan
             ),
-            torch_threads=threads,
+            threads=threads,
             wall_s=wall_s,
             note=note,
         )
@@ -202,6 +229,16 @@ class Bench:
         if self.server is None:
             return 0
         return sum(self.server.frames_sent(f"cam{i}") for i in range(len(self.live_urls)))
+
+
+def _run_ort_threads(run_json: Path) -> int:
+    """The ORT intra-op threads a drivepercept run's session had, from its run.json (0: ORT's
+    default; -1: not recorded)."""
+    model = json.loads(run_json.read_text(encoding="utf-8")).get("model", {})
+    runtime = model.get("runtime") or {}
+    if runtime.get("backend") != "onnxruntime":
+        return -1
+    return int(runtime.get("threads") or 0)
 
 
 def _frames_csv(path: Path) -> list[dict[str, str]]:
@@ -214,6 +251,12 @@ def versions(peer: _Ultralytics) -> dict[str, str]:
     import torch
     import torchvision
 
+    try:
+        import onnxruntime  # type: ignore[import-untyped]
+
+        ort_version = str(onnxruntime.__version__)
+    except ImportError:
+        ort_version = "not installed"
     return {
         "python": platform.python_version(),
         "ultralytics": peer.version,
@@ -221,6 +264,7 @@ def versions(peer: _Ultralytics) -> dict[str, str]:
         "torchvision": str(torchvision.__version__),
         "opencv": str(cv2.__version__),
         "numpy": str(np.__version__),
+        "onnxruntime": ort_version,
         "cpus": str(os.cpu_count()),
     }
 
@@ -248,6 +292,14 @@ def bench(settings: Settings, peer: _Ultralytics, globals_: Globals, work: Path)
     params = sum(p.numel() for p in net.parameters())
     log.info("YOLOv8n: %.2f M parameters; calibration %s", params / 1e6, calibration)
     state = Bench(settings, peer, yolo, detector, globals_, work, clips, replay_frames)
+    onnx_metadata: dict[str, Any] = {}
+    if ORT in settings.runtimes:
+        # once, before any round, from the peer's copy (ours sets channels_last on `net`)
+        state.onnx_path, onnx_metadata = export_onnx(
+            yolo.model, detector, work / "onnx", version=peer.version
+        )
+        log.info("exported to %s", state.onnx_path)
+    tools = ("peer", "ours", PEER_OWN) if settings.peer_default_threads else ("peer", "ours")
     rounds: list[RoundResult] = []
     for mode in settings.modes:
         server_cm: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
@@ -260,13 +312,18 @@ def bench(settings: Settings, peer: _Ultralytics, globals_: Globals, work: Path)
                 state.server = server
                 state.live_urls = [server.url(f"cam{i}") for i in range(len(clips))]
             for number in range(1, settings.rounds + 1):
-                for tool in TOOLS:
-                    load = os.getloadavg()[0]
-                    log.info("%s round %d: %s (load %.1f)", mode, number, tool, load)
-                    runner = state.peer_round if tool == "peer" else state.ours_round
-                    result = runner(mode, number)
-                    log.info("  -> %s", result)
-                    rounds.append(result)
+                for runtime in settings.runtimes:
+                    for tool in tools:
+                        load = os.getloadavg()[0]
+                        log.info(
+                            "%s round %d, %s: %s (load %.1f)", mode, number, runtime, tool, load
+                        )
+                        if tool == "ours":
+                            result = state.ours_round(mode, number, runtime)
+                        else:
+                            result = state.peer_round(mode, number, runtime, tool)
+                        log.info("  -> %s", result)
+                        rounds.append(result)
             state.server = None
     summary = summarise(rounds)
     return {
@@ -275,7 +332,9 @@ def bench(settings: Settings, peer: _Ultralytics, globals_: Globals, work: Path)
         "network": {"parameters": params, "imgsz": settings.imgsz, **calibration},
         "streams": [str(p) for p in clips],
         "replay_frames_per_stream": replay_frames,
-        "torch_threads_default": globals_.torch_threads,
+        "torch_threads_found": globals_.torch_threads,
+        "threads": settings.threads,
+        "onnx": {"path": str(state.onnx_path), "metadata": onnx_metadata} if onnx_metadata else {},
         "peer_jpeg_decode_ms": jpeg_decode_ms(clips),
         "rounds": [asdict(r) for r in rounds],
         "summary": summary,

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from _bench_peer.options import TOOLS
+from _bench_peer.options import PEER_OWN, TOOLS
 
 # ---------------------------------------------------------------------- statistics (pure)
 
@@ -59,7 +59,13 @@ def throughput_fps(emitted_ns: Sequence[int], first_batch: int) -> float:
 
 @dataclass(frozen=True)
 class RoundResult:
-    """One tool's run in one mode and round."""
+    """One tool's run in one mode, runtime and round.
+
+    `tool` is "peer" or "ours" on the same threads, or "peer-own": the peer at its own
+    default threads (`PEER_OWN`). `threads` is the intra-op threads of the runtime that ran
+    the network (torch's, or ONNX Runtime's session; 0: ORT's default, one per physical
+    core); torch runs the pre- and post-processing on the same count.
+    """
 
     tool: str
     mode: str
@@ -70,9 +76,10 @@ class RoundResult:
     p99_ms: float = math.nan
     delivered: int = 0  # live: frames the server wrote to this tool's connections
     detections_per_frame: float = math.nan
-    torch_threads: int = 0
+    threads: int = 0
     wall_s: float = 0.0  # the whole call: set-up, warm-up, run, shut-down
     note: str = ""
+    runtime: str = "torch"
 
 
 def best_and_median(values: Sequence[float], *, higher_is_better: bool) -> tuple[float, float]:
@@ -92,31 +99,48 @@ def ratio(ours: float, peer: float) -> float:
 
 
 METRICS = (("fps", True), ("p50_ms", False), ("p99_ms", False))
+PEER_OWN_LABEL = "peer's own default threads (not like for like)"
 
 
-def summarise(rounds: Sequence[RoundResult]) -> dict[str, dict[str, Any]]:
-    """Per mode: best and median of each metric per tool, and ours / peer of both (above 1 is
-    better for ours in fps, worse in latency)."""
-    out: dict[str, dict[str, Any]] = {}
+def threads_used(rounds: Sequence[RoundResult], tool: str) -> str:
+    """The threads `tool` ran on in `rounds`: one count, "a,b" when they differed, "-" with
+    no round, "ort" for ONNX Runtime's own default (0)."""
+    counts = sorted({r.threads for r in rounds if r.tool == tool})
+    return ",".join(str(c) if c else "ort" for c in counts) or "-"
+
+
+def summarise(rounds: Sequence[RoundResult]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per mode and runtime: best and median of each metric per tool, ours / peer on the same
+    threads (the headline) and, where the peer also ran at its own default threads, ours /
+    that (above 1 is better for ours in fps, worse in latency); the threads each tool used."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for mode in dict.fromkeys(r.mode for r in rounds):
-        entry: dict[str, Any] = {}
-        for metric, higher in METRICS:
-            if mode == "replay" and metric != "fps":
-                continue
-            per_tool = {
-                tool: best_and_median(
-                    [getattr(r, metric) for r in rounds if r.mode == mode and r.tool == tool],
-                    higher_is_better=higher,
-                )
-                for tool in TOOLS
-            }
-            entry[metric] = {
-                **{f"{tool}_best": v[0] for tool, v in per_tool.items()},
-                **{f"{tool}_median": v[1] for tool, v in per_tool.items()},
-                "ratio_best": ratio(per_tool["ours"][0], per_tool["peer"][0]),
-                "ratio_median": ratio(per_tool["ours"][1], per_tool["peer"][1]),
-            }
-        out[mode] = entry
+        out[mode] = {}
+        for runtime in dict.fromkeys(r.runtime for r in rounds if r.mode == mode):
+            these = [r for r in rounds if r.mode == mode and r.runtime == runtime]
+            tools = [t for t in TOOLS if any(r.tool == t for r in these)]
+            entry: dict[str, Any] = {"threads": {t: threads_used(these, t) for t in tools}}
+            for metric, higher in METRICS:
+                if mode == "replay" and metric != "fps":
+                    continue
+                per_tool = {
+                    tool: best_and_median(
+                        [getattr(r, metric) for r in these if r.tool == tool],
+                        higher_is_better=higher,
+                    )
+                    for tool in tools
+                }
+                figures: dict[str, float] = {
+                    **{f"{tool}_best": v[0] for tool, v in per_tool.items()},
+                    **{f"{tool}_median": v[1] for tool, v in per_tool.items()},
+                }
+                ours = per_tool.get("ours", (math.nan, math.nan))
+                for peer, prefix in (("peer", "ratio"), (PEER_OWN, "own_ratio")):
+                    if peer in per_tool:
+                        figures[f"{prefix}_best"] = ratio(ours[0], per_tool[peer][0])
+                        figures[f"{prefix}_median"] = ratio(ours[1], per_tool[peer][1])
+                entry[metric] = figures
+            out[mode][runtime] = entry
     return out
 
 
@@ -124,32 +148,53 @@ def _fmt(value: float, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if math.isfinite(value) else "-"
 
 
-def table(rounds: Sequence[RoundResult], summary: dict[str, dict[str, Any]]) -> list[str]:
-    """The stdout report: every round, then best / median and the ratios."""
+def _threads_cell(threads: int) -> str:
+    return str(threads) if threads else "ort"
+
+
+def table(
+    rounds: Sequence[RoundResult], summary: dict[str, dict[str, dict[str, Any]]]
+) -> list[str]:
+    """The stdout report: every round, then per mode and runtime best / median and ours /
+    peer on the same threads, then (when it ran) ours / the peer at its own default threads,
+    labelled as not like for like. Every line names the runtime and the threads."""
     head = (
-        f"{'mode':<7}{'round':>6} {'tool':<5}{'frames':>8}{'fps':>8}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'delivered':>10}{'det/frame':>10}{'threads':>8}{'wall s':>8}"
+        f"{'mode':<7}{'runtime':<12}{'round':>5} {'tool':<9}{'threads':>7}{'frames':>7}"
+        f"{'fps':>7}{'p50 ms':>8}{'p99 ms':>8}{'delivered':>10}{'det/frame':>10}{'wall s':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in rounds:
         lines.append(
-            f"{r.mode:<7}{r.round:>6} {r.tool:<5}{r.frames:>8}{_fmt(r.fps):>8}"
-            f"{_fmt(r.p50_ms):>9}{_fmt(r.p99_ms):>9}{r.delivered or '-':>10}"
-            f"{_fmt(r.detections_per_frame, 2):>10}{r.torch_threads:>8}{_fmt(r.wall_s):>8}"
+            f"{r.mode:<7}{r.runtime:<12}{r.round:>5} {r.tool:<9}{_threads_cell(r.threads):>7}"
+            f"{r.frames:>7}{_fmt(r.fps):>7}{_fmt(r.p50_ms):>8}{_fmt(r.p99_ms):>8}"
+            f"{r.delivered or '-':>10}{_fmt(r.detections_per_frame, 2):>10}{_fmt(r.wall_s):>7}"
             + (f"  {r.note}" if r.note else "")
         )
     lines.append("")
     lines.append(
-        f"{'mode':<7}{'metric':<8}{'peer best':>10}{'ours best':>10}{'ours/peer':>10}"
-        f"{'peer med':>10}{'ours med':>10}{'ours/peer':>10}"
+        f"{'mode':<7}{'runtime':<12}{'metric':<7}{'threads peer/ours':>18}{'peer best':>10}"
+        f"{'ours best':>10}{'ours/peer':>10}{'peer med':>9}{'ours med':>9}{'ours/peer':>10}"
     )
-    for mode, entry in summary.items():
-        for metric, s in entry.items():
-            lines.append(
-                f"{mode:<7}{metric:<8}{_fmt(s['peer_best']):>10}{_fmt(s['ours_best']):>10}"
-                f"{_fmt(s['ratio_best'], 2):>10}{_fmt(s['peer_median']):>10}"
-                f"{_fmt(s['ours_median']):>10}{_fmt(s['ratio_median'], 2):>10}"
-            )
+    for mode, runtimes in summary.items():
+        for runtime, entry in runtimes.items():
+            threads = entry["threads"]
+            for metric, s in entry.items():
+                if metric == "threads":
+                    continue
+                for peer, prefix, label in (
+                    ("peer", "ratio", "same threads"),
+                    (PEER_OWN, "own_ratio", PEER_OWN_LABEL),
+                ):
+                    if f"{prefix}_best" not in s:
+                        continue
+                    pair = f"{threads.get(peer, '-')}/{threads.get('ours', '-')}"
+                    lines.append(
+                        f"{mode:<7}{runtime:<12}{metric:<7}{pair:>18}"
+                        f"{_fmt(s[f'{peer}_best']):>10}{_fmt(s.get('ours_best', math.nan)):>10}"
+                        f"{_fmt(s[f'{prefix}_best'], 2):>10}{_fmt(s[f'{peer}_median']):>9}"
+                        f"{_fmt(s.get('ours_median', math.nan)):>9}"
+                        f"{_fmt(s[f'{prefix}_median'], 2):>10}  {label}"
+                    )
     return lines
 
 
