@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,12 +182,7 @@ def write_kitti(root: Path) -> Path:
                     "id": len(annotations),
                 }
             )
-    categories = [{"id": i, "name": name} for i, name in enumerate(KITTI_NAMES)]
-    path = root / "kitti_infos_mono3d.coco.json"
-    path.write_text(
-        json.dumps({"images": images, "annotations": annotations, "categories": categories})
-    )
-    return path
+    return _write_coco(root / "kitti_infos_mono3d.coco.json", images, annotations, KITTI_NAMES)
 
 
 # --------------------------------------------------------------------------- nuScenes-style
@@ -294,12 +289,7 @@ def write_nuscenes(root: Path) -> Path:
                     "id": len(annotations),
                 }
             )
-    categories = [{"id": i, "name": name} for i, name in enumerate(NUSCENES_NAMES)]
-    path = root / "nus_infos_mono3d.coco.json"
-    path.write_text(
-        json.dumps({"images": images, "annotations": annotations, "categories": categories})
-    )
-    return path
+    return _write_coco(root / "nus_infos_mono3d.coco.json", images, annotations, NUSCENES_NAMES)
 
 
 # --------------------------------------------------------------------------- all three
@@ -347,3 +337,17 @@ def make_labelled(root: Path) -> Labelled:
         nuscenes_missing=len(NUSCENES_CAMERAS) - 1,
         nuscenes_kinds=Counter(kind for kind in nuscenes_there if kind is not None),
     )
+
+
+def _write_coco(
+    path: Path,
+    images: list[dict[str, Any]],
+    annotations: list[dict[str, Any]],
+    names: Sequence[str],
+) -> Path:
+    """An mmdetection3d-style COCO json: images, annotations, categories numbered from 0."""
+    categories = [{"id": i, "name": name} for i, name in enumerate(names)]
+    path.write_text(
+        json.dumps({"images": images, "annotations": annotations, "categories": categories})
+    )
+    return path
