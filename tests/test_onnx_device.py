@@ -204,9 +204,9 @@ def test_a_gpu_session_is_asked_for_on_the_callers_stream(
     asked: list[Any] = []
     opened = onnx_session.open_session
 
-    def spy(path: Path, providers: Any = None) -> Any:
+    def spy(path: Path, providers: Any = None, threads: int = 0) -> Any:
         asked.append(providers)
-        return opened(path, providers)
+        return opened(path, providers, threads=threads)
 
     monkeypatch.setattr(onnx_session, "open_session", spy)
     module: Any = load_detector(str(_export(_Rows(), tmp_path / "m.onnx"))).module
