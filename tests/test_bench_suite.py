@@ -247,6 +247,7 @@ def test_every_table_says_its_speed_options_and_load() -> None:
             "torch_threads_used": 16,
             "cpu_lanes": None,
             "fallbacks": ["compile: no compiler here"],
+            "runtime": "torch",
         }
         # and the load: GPU utilization mean/max, memory, CPU, in the table and the JSON
         text = result.table()

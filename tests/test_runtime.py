@@ -306,3 +306,20 @@ def test_auto_on_cuda_runs_torch_unless_tensorrt_is_installed_cuda(
     record = _replay(in_process, tmp_path, "gpu", "--device", "cuda")
     trt = providers.tensorrt_installed()
     assert record["model"]["runtime_choice"]["ran"] == ("onnxruntime" if trt else "torch")
+
+
+def test_bench_figures_name_the_runtime_that_ran(tmp_path: Path) -> None:
+    from drivepercept.config import PipelineConfig
+    from drivepercept.run.benchmark import SpeedOptions
+
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    on_ort = choose_runtime(tiny, RuntimeRequest(cache=tmp_path, threads=2))
+    config = PipelineConfig(device="cpu", torch_threads=2)
+    # on ONNX Runtime the torch options (channels_last, lanes, compile) did not apply
+    ort_speed = SpeedOptions.of(config, detector=on_ort)
+    assert ort_speed.line() == "speed: onnxruntime, fp32, threads 2"
+    assert ort_speed.as_dict()["runtime"] == "onnxruntime"
+    torch_speed = SpeedOptions.of(config, detector=tiny)
+    assert torch_speed.runtime == "torch" and "channels_last" in torch_speed.line()
+    default = SpeedOptions.of(PipelineConfig(device="cpu"), detector=on_ort).line()
+    assert default == "speed: onnxruntime, fp32, threads ORT's default (one per physical core)"

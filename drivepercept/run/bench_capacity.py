@@ -302,5 +302,6 @@ def capacity(
         device=str(resolve_device(config.device)),
         step_s=step_s,
         elapsed_s=time.monotonic() - started,
-        speed=SpeedOptions.of(config),  # after the runs: torch's threads as the engine left them
+        # after the runs: torch's threads as the engine left them
+        speed=SpeedOptions.of(config, detector=detector),
     )

@@ -351,5 +351,6 @@ def live_bench(
     )
     config = options.pipeline()
     device = resolve_device(config.device)
-    speed = SpeedOptions.of(config)  # after the run: torch's threads as the engine left them
+    # after the run: torch's threads as the engine left them
+    speed = SpeedOptions.of(config, detector=detector)
     return LiveResult(step, detector.name, detector.input.size, str(device), speed)

@@ -399,7 +399,7 @@ def sweep(
         cells = measure_grid(measure, grid, on_cell=on_cell)
     # after the runs: torch's threads as the engine left them; the precision is per cell
     swept = f"{'/'.join(grid.precisions or ())} (per cell)"
-    speed = dataclasses.replace(SpeedOptions.of(config), precision=swept)
+    speed = dataclasses.replace(SpeedOptions.of(config, detector=detector), precision=swept)
     return SweepResult(
         cells=cells,
         grid=grid,

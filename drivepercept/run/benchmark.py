@@ -67,6 +67,9 @@ class SpeedOptions:
             None where only pipelines ran (their run.json says, under environment).
         fallbacks: options asked for that ran eagerly instead, and why (as far as the
             benchmark's own model step saw).
+        runtime: what ran the network: "torch" or "onnxruntime" (`models/runtime.py`); on
+            ONNX Runtime the torch options above did not apply, and `torch_threads` is the
+            session's intra-op threads (0: ORT's default, one per physical core).
     """
 
     precision: str
@@ -77,10 +80,29 @@ class SpeedOptions:
     threads_used: int
     fallbacks: tuple[str, ...] = ()
     cpu_lanes: int | None = None
+    runtime: str = "torch"
 
     @classmethod
-    def of(cls, config: PipelineConfig, step: DetectorStep | None = None) -> SpeedOptions:
-        """The options of `config`, read after the measurement (and `step`'s fallbacks)."""
+    def of(
+        cls,
+        config: PipelineConfig,
+        step: DetectorStep | None = None,
+        *,
+        detector: Detector | None = None,
+    ) -> SpeedOptions:
+        """The options of `config`, read after the measurement (and `step`'s fallbacks), on
+        the runtime that ran `detector` (`step`'s where not given)."""
+        detector = detector or (step.detector if step is not None else None)
+        if detector is not None and detector.runtime is not None:
+            return cls(
+                precision=config.precision,
+                channels_last=False,
+                compile=False,
+                cuda_graphs=False,
+                torch_threads=config.torch_threads,
+                threads_used=config.torch_threads,
+                runtime="onnxruntime",
+            )
         fallbacks = []
         lanes = step.lanes if step is not None and step.lanes.count > 1 else None
         if step is not None and step.compiled is not None and step.compiled.failure:
@@ -99,7 +121,11 @@ class SpeedOptions:
         )
 
     def line(self) -> str:
-        """The table's line: "speed: fp16, channels_last on, compile off, ..."."""
+        """The table's line: "speed: fp16, channels_last on, compile off, ..." (on ONNX
+        Runtime: "speed: onnxruntime, fp32, threads ...")."""
+        if self.runtime != "torch":
+            threads = self.threads_used or "ORT's default (one per physical core)"
+            return f"speed: {self.runtime}, {self.precision}, threads {threads}"
         default = "" if self.torch_threads else " (torch's default)"
         text = (
             f"speed: {self.precision}, channels_last {_on(self.channels_last)}, compile "
@@ -120,6 +146,7 @@ class SpeedOptions:
             "torch_threads_used": self.threads_used,
             "cpu_lanes": self.cpu_lanes,
             "fallbacks": list(self.fallbacks),
+            "runtime": self.runtime,
         }
 
 
