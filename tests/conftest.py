@@ -25,6 +25,8 @@ SHARED_FIXTURES = frozenset(
 )
 
 
+# ../shared as the tests see it, and where it is beside the checkout (a module that spells
+# its own path there still counts when the folder is hidden)
 ROOTS = (thirdparty.SHARED, thirdparty.DEFAULT)
 
 
@@ -32,12 +34,7 @@ def _reads_shared(module: object) -> bool:
     """Whether a test module takes paths from `thirdparty` (what ../shared holds)."""
     return any(
         getattr(value, "__module__", None) == thirdparty.__name__
-        or (
-            isinstance(value, Path)
-            and (
-                value.is_relative_to(thirdparty.SHARED) or value.is_relative_to(thirdparty.DEFAULT)
-            )
-        )
+        or (isinstance(value, Path) and any(map(value.is_relative_to, ROOTS)))
         for value in vars(module).values()
     )
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
-import numpy as np
 import torch
 from torch import nn
 
@@ -138,9 +137,3 @@ def make_yolox_nano_export(path: Path, *, seed: int = 0) -> Path:
             dynamo=False,
         )
     return path
-
-
-def noise_frames(n: int, size: tuple[int, int], seed: int = 0) -> list[np.ndarray]:
-    """n BGR noise frames of (width, height)."""
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) for _ in range(n)]
