@@ -254,7 +254,7 @@ CLI_CASES = [
     # replay: the runtime
     case("runtime-unknown", "replay {d}/tiny.avi {replay} --runtime fast", 2, "runtime must be one of auto, torch, onnxruntime", "'fast'"),
     case("runtime-ort-not-installed", f"replay {{d}}/tiny.avi {{replay}} --runtime onnxruntime {NO_ORT}", 2, "runtime onnxruntime", "onnxruntime package is not installed"),
-    case("runtime-ort-unexportable", f"replay {{d}}/tiny.avi {SSDLITE} --out {{d}}/runs --runtime onnxruntime", 2, "runtime onnxruntime", "ssdlite320_mobilenet_v3_large does not export"),
+    case("runtime-ort-unexportable", f"replay {{d}}/tiny.avi {SSDLITE} --out {{d}}/runs --runtime onnxruntime", 2, "runtime onnxruntime", "ssdlite320_mobilenet_v3_large cannot be exported"),
     case("runtime-torch-onnx-model", "replay {d}/tiny.avi --model {d}/tiny.onnx --max-frames 2 --no-report --out {d}/runs --runtime torch", 2, "runtime torch cannot run an .onnx model", "{d}/tiny.onnx"),
     # replay: weights
     case("weights-empty", "replay {d}/tiny.avi {replay} --model yolox-nano --weights {d}/empty.pth", 2, "not a torch weights file", "{d}/empty.pth"),

@@ -234,7 +234,7 @@ def test_auto_runs_a_torchvision_model_on_torch_with_one_log_line(
     assert chosen.module is detector.module and chosen.runtime is None  # torch, as it was
     assert chosen.runtime_choice is not None and chosen.runtime_choice.ran == "torch"
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "runs on torch" in lines[0] and "does not export" in lines[0]
+    assert len(lines) == 1 and "runs on torch" in lines[0] and "cannot be exported" in lines[0]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drivepercept.errors import ModelError
-from drivepercept.models import export, onnx, tiny, yolox_weights
+from drivepercept.models import export, onnx
 from drivepercept.models.base import Detector, RuntimeChoice
 from drivepercept.models.export_cache import ExportCache
 from drivepercept.models.onnx import providers
@@ -129,12 +129,7 @@ def _torch(detector: Detector, asked: str, reason: str) -> Detector:
 
 def _why_not_ort(detector: Detector, request: RuntimeRequest) -> str | None:
     """Why the detector cannot (or, for auto, should not) run on ORT; None when it can."""
-    if detector.name not in (tiny.NAME, *yolox_weights.NAMES):
-        return (
-            f"model {detector.name} does not export to ONNX (exportable: {tiny.NAME} and "
-            "the yolox-* models)"
-        )
-    try:
+    try:  # what exports is the exporter's to say (it knows each family's layout)
         export.exportable(detector)
     except ModelError as exc:
         return str(exc)
