@@ -323,3 +323,15 @@ def test_bench_figures_name_the_runtime_that_ran(tmp_path: Path) -> None:
     assert torch_speed.runtime == "torch" and "channels_last" in torch_speed.line()
     default = SpeedOptions.of(PipelineConfig(device="cpu"), detector=on_ort).line()
     assert default == "speed: onnxruntime, fp32, threads ORT's default (one per physical core)"
+
+
+def test_ort_threads_wait_passively_between_runs(tmp_path: Path) -> None:
+    # the decoder threads and torch's pre- and post-processing share the CPU with ORT's pool
+    from drivepercept.models.onnx.session import SPINNING
+
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    on_ort = choose_runtime(tiny, RuntimeRequest(cache=tmp_path, threads=2))
+    module: Any = on_ort.module
+    options = module._sessions["cpu"].get_session_options()
+    assert options.get_session_config_entry(SPINNING) == "0"
+    assert options.intra_op_num_threads == 2

@@ -27,6 +27,7 @@ from drivepercept.models.onnx.layouts import Dim, Graph, Port
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install onnxruntime"
+SPINNING = "session.intra_op.allow_spinning"  # ORT's session config key
 CPU = eps.CPU
 
 
@@ -43,10 +44,13 @@ def import_ort() -> Any:
     return onnxruntime
 
 
-def open_session(path: Path, providers: list[Any] | None = None, *, threads: int = 0) -> Any:
+def open_session(
+    path: Path, providers: list[Any] | None = None, *, threads: int = 0, spinning: bool = False
+) -> Any:
     """An `InferenceSession` for the file (CPU unless `providers` says otherwise), on
-    `threads` intra-op threads (0: ORT's default, one per physical core). The engine's CPU
-    lanes and torch's thread count are torch's; this is the same setting for ORT.
+    `threads` intra-op threads (0: ORT's default, one per physical core), which wait
+    passively between runs unless `spinning`. The engine's CPU lanes and torch's thread count
+    are torch's; this is the same setting for ORT.
 
     Raises:
         ModelError: onnxruntime missing, file missing, or not an ONNX model it can load.
@@ -58,6 +62,10 @@ def open_session(path: Path, providers: list[Any] | None = None, *, threads: int
     options.log_severity_level = 3  # errors only: ORT's warnings are not the user's
     if threads > 0:
         options.intra_op_num_threads = threads
+    # ORT's intra-op threads spin-wait after each run by default; on a CPU they share the
+    # cores with the decoder threads and torch's pre- and post-processing, which they then
+    # slow down (the same reasoning as torch's passive OpenMP wait, `_threads.py`)
+    options.add_session_config_entry(SPINNING, "1" if spinning else "0")
     try:
         return ort.InferenceSession(str(path), options, providers=providers or [CPU])
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... for any bad file
