@@ -17,7 +17,7 @@ import torch
 from drivepercept.errors import ModelError
 from drivepercept.models import export, export_cache, load_detector
 from drivepercept.models.base import Detector
-from drivepercept.models.onnx import providers
+from drivepercept.models.onnx import openvino, providers
 from drivepercept.models.runtime import RuntimeRequest, choose_runtime
 from drivepercept.run import RunOptions, environment_settings, read_settings_file
 from drivepercept.run.job import load_model
@@ -243,7 +243,7 @@ def test_auto_runs_a_torchvision_model_on_torch_with_one_log_line(
     [
         (RuntimeRequest(compile=True), "compile is a torch option"),
         (RuntimeRequest(cuda_graphs=True, device_type="cuda"), "cuda_graphs is a torch option"),
-        (RuntimeRequest(precision="bf16"), "precision bf16 runs on torch"),
+        (RuntimeRequest(precision="fp16"), "precision fp16 runs on torch"),
     ],
 )
 def test_auto_keeps_torch_for_torch_only_options(
@@ -335,3 +335,162 @@ def test_ort_threads_wait_passively_between_runs(tmp_path: Path) -> None:
     options = module._sessions["cpu"].get_session_options()
     assert options.get_session_config_entry(SPINNING) == "0"
     assert options.intra_op_num_threads == 2
+
+
+# --------------------------------------------------------------------------- OpenVINO
+
+needs_openvino = pytest.mark.skipif(
+    not openvino.installed(), reason="needs the openvino package (the [openvino] extra)"
+)
+needs_bf16 = pytest.mark.skipif(
+    not openvino.cpu_has_bf16(), reason="needs openvino and a CPU with bf16 units"
+)
+
+
+@needs_openvino
+def test_openvino_fp32_gives_orts_boxes(in_process: Cli, tmp_path: Path) -> None:
+    # given the sample rig on ORT (the default) and on OpenVINO, both in fp32
+    cache = ("--onnx-cache", str(tmp_path / "cache"))
+    ort = _replay(in_process, tmp_path, "ort", *cache)
+    ov = _replay(in_process, tmp_path, "ov", "--runtime", "openvino", *cache)
+    # then run.json says OpenVINO ran the same cached export, in fp32
+    choice = ov["model"]["runtime_choice"]
+    assert (choice["asked"], choice["ran"]) == ("openvino", "openvino")
+    assert choice["onnx"] == ort["model"]["runtime_choice"]["onnx"]
+    assert ov["model"]["runtime"]["backend"] == "openvino"
+    assert ov["model"]["runtime"]["sessions"]["cpu"]["providers"] == ["OpenVINO CPU (fp32)"]
+    # and every frame has ORT's boxes within a pixel, of the same classes
+    want, got = _boxes(tmp_path / "ort"), _boxes(tmp_path / "ov")
+    assert sorted(want) == sorted(got) and sum(len(b) for b, _ in want.values()) > 0
+    for key, (boxes, names) in want.items():
+        other, other_names = got[key]
+        assert names == other_names, key
+        assert boxes.shape == other.shape and np.abs(boxes - other).max(initial=0) <= 1.0, key
+
+
+@needs_bf16
+def test_bf16_on_a_cpu_with_bf16_units_runs_on_openvino(in_process: Cli, tmp_path: Path) -> None:
+    # given the sample rig with precision bf16 and no runtime flag
+    cache = ("--onnx-cache", str(tmp_path / "cache"))
+    fp32 = _replay(in_process, tmp_path, "fp32", *cache)
+    bf16 = _replay(in_process, tmp_path, "bf16", "--precision", "bf16", *cache)
+    # then auto chose OpenVINO, which ran it in bf16, and run.json says so
+    choice = bf16["model"]["runtime_choice"]
+    assert (choice["asked"], choice["ran"]) == ("auto", "openvino")
+    assert "bf16" in choice["reason"]
+    assert bf16["model"]["runtime"]["sessions"]["cpu"]["providers"] == ["OpenVINO CPU (bf16)"]
+    assert fp32["model"]["runtime_choice"]["ran"] == "onnxruntime"
+    # and it finds the same objects: each fp32 box has a bf16 box of its class over IoU 0.9
+    want, got = _boxes(tmp_path / "fp32"), _boxes(tmp_path / "bf16")
+    assert sorted(want) == sorted(got)
+    found = total = 0
+    for key, (boxes, names) in want.items():
+        other, other_names = got[key]
+        for box, name in zip(boxes, names, strict=True):
+            total += 1
+            same = [o for o, n in zip(other, other_names, strict=True) if n == name]
+            found += any(_iou(box, o) > 0.9 for o in same)
+    assert total > 0 and found >= 0.95 * total, (found, total)
+
+
+def _iou(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
+    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = w * h
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return float(inter / union) if union > 0 else 0.0
+
+
+@needs_openvino
+def test_an_onnx_file_runs_on_openvino_when_asked(tmp_path: Path) -> None:
+    from drivepercept.models import onnx
+    from drivepercept.models.runtime import for_onnx_file
+
+    # given a yolox-nano export (raw outputs: one row per anchor, in a fixed order)
+    nano = load_detector("yolox-nano", weights="none")
+    exported = choose_runtime(nano, RuntimeRequest(cache=tmp_path))
+    assert exported.runtime_choice is not None and exported.runtime_choice.onnx is not None
+    # when the file is run by OpenVINO
+    ov = for_onnx_file(onnx.build(exported.runtime_choice.onnx), RuntimeRequest(runtime="openvino"))
+    assert ov.runtime_choice is not None and ov.runtime_choice.ran == "openvino"
+    assert ov.runtime is not None and ov.runtime()["backend"] == "openvino"
+    # then each batch size a run meets (a full batch, then shorter ones, run padded while
+    # their own compile) gives ORT's outputs
+    w, h = nano.input.size
+    for b in (3, 1, 2, 1, 3):
+        x = torch.rand(b, 3, h, w, generator=torch.Generator().manual_seed(b)) * 255
+        with torch.inference_mode():
+            want, got = exported.module(x), ov.module(x)
+        assert len(want) == len(got) == b
+        for a, c in zip(want, got, strict=True):
+            assert a["boxes"].shape == c["boxes"].shape
+            assert torch.allclose(a["scores"], c["scores"], atol=1e-4)
+            assert torch.allclose(a["boxes"], c["boxes"], atol=0.05)
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (RuntimeRequest(runtime="openvino", device_type="cuda"), "OpenVINO runs on the CPU"),
+        (RuntimeRequest(runtime="openvino", precision="fp16"), "precision fp32 or bf16"),
+    ],
+)
+@needs_openvino
+def test_openvino_refuses_what_it_cannot_run(request_: RuntimeRequest, reason: str) -> None:
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    with pytest.raises(ModelError, match=re.escape("runtime openvino: ") + ".*" + reason):
+        choose_runtime(tiny, request_)
+
+
+def test_without_openvino_bf16_stays_on_torch_and_asking_for_it_is_exit_2(
+    in_process: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    # given a machine without the openvino package
+    monkeypatch.setattr(openvino, "installed", lambda: False)
+    monkeypatch.setattr(openvino, "cpu_has_bf16", lambda: True)
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    # then auto keeps bf16 on torch, with one warning saying what to install
+    with caplog.at_level(logging.INFO, logger="drivepercept.models.runtime"):
+        chosen = choose_runtime(tiny, RuntimeRequest(precision="bf16", cache=tmp_path))
+    assert chosen.runtime_choice is not None and chosen.runtime_choice.ran == "torch"
+    assert "openvino package is not installed" in chosen.runtime_choice.reason
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    # and asking for it by name is one line and exit 2
+    argv = ["replay", str(SAMPLE_RIG), "--max-frames", "1", "--out", str(tmp_path)]
+    code, err = in_process([*argv, "--no-progress", "--runtime", "openvino"])
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "openvino package is not installed" in lines[0], err
+
+
+# --------------------------------------------------------------------------- input size
+
+
+def test_yolox_nano_runs_larger_by_default_on_a_cpus_exported_runtime(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given yolox-nano with no input size, on the CPU
+    nano = ("--model", "yolox-nano", "--weights", "none")
+    auto = _replay(in_process, tmp_path, "auto", *nano)
+    on_torch = _replay(in_process, tmp_path, "torch", *nano, "--runtime", "torch")
+    given = _replay(in_process, tmp_path, "given", *nano, "--input-size", "416x256")
+    # then the exported runtime runs it at 512x288, torch at its trained 416x256, and a
+    # size given wins over both
+    assert auto["model"]["runtime_choice"]["ran"] == "onnxruntime"
+    assert auto["model"]["input_size"] == [512, 288]
+    assert on_torch["model"]["input_size"] == [416, 256]
+    assert given["model"]["input_size"] == [416, 256]
+    assert given["model"]["runtime_choice"]["ran"] == "onnxruntime"
+
+
+def test_the_default_input_depends_on_device_and_runtime_only_for_yolox_nano() -> None:
+    from drivepercept.models import default_input_size
+
+    assert default_input_size("yolox-nano", device_type="cpu") == (512, 288)
+    assert default_input_size("yolox-nano", device_type="cpu", runtime="openvino") == (512, 288)
+    assert default_input_size("yolox-nano", device_type="cpu", runtime="torch") == (416, 256)
+    assert default_input_size("yolox-nano", device_type="cuda") == (416, 256)
+    assert default_input_size("yolox-tiny", device_type="cpu") == (416, 256)
+    assert default_input_size("yolox-s", device_type="cpu") == (640, 384)
+    assert default_input_size("drivepercept-tiny", device_type="cpu") is None

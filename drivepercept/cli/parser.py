@@ -93,11 +93,21 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ("--model", str, f"name or pkg.module:factory (default: rig's, else {DEFAULT_MODEL})"),
         ("--weights", str, "DEFAULT (bundled / downloaded), a .pth/.onnx path, or none"),
         ("--classes", str, "driving (COCO mapped onto driving classes, default) or all"),
-        ("--input-size", str, "WxH YOLOX input, multiples of 32 (nano/tiny 416x256, else 640x384)"),
+        (
+            "--input-size",
+            str,
+            "WxH YOLOX input, multiples of 32 (nano 512x288 on a CPU, 416x256 on a GPU or "
+            "--runtime torch; tiny 416x256; else 640x384)",
+        ),
         ("--onnx-layout", str, ".onnx model: yolox, yolov8 or end2end (over its sidecar)"),
         ("--onnx-batch", str, ".onnx batch-1 export: loop over a batch or refuse (sidecar's)"),
         ("--trt-cache", Path, ".onnx on TensorRT: engine cache folder (<stem>.trt-cache)"),
-        ("--runtime", str, "auto (default: ORT for exportable models on CPU), torch, onnxruntime"),
+        (
+            "--runtime",
+            str,
+            "auto (default: ORT for exportable models on CPU, OpenVINO for bf16 there), torch, "
+            "onnxruntime, openvino",
+        ),
         ("--onnx-cache", Path, "cached exports of --runtime auto (~/.cache/drivepercept/onnx)"),
         ("--device", str, "auto, cpu, cuda or cuda:N (default auto)"),
         ("--batch-timeout-ms", float, "partial batch after this wait (default 20)"),

@@ -9,7 +9,12 @@
 from __future__ import annotations
 
 from drivepercept.models.base import Detector, InputSpec, ModelError, WeightsStore
-from drivepercept.models.registry import PLUGIN_FORM, available_models, load_detector
+from drivepercept.models.registry import (
+    PLUGIN_FORM,
+    available_models,
+    default_input_size,
+    load_detector,
+)
 
 __all__ = [
     "PLUGIN_FORM",
@@ -18,5 +23,6 @@ __all__ = [
     "ModelError",
     "WeightsStore",
     "available_models",
+    "default_input_size",
     "load_detector",
 ]

@@ -37,7 +37,7 @@ class RuntimeChoice:
     Attributes:
         asked: the runtime asked for: one of `drivepercept.types.RUNTIMES`; None where none
             was (a detector built by the caller).
-        ran: "torch" or "onnxruntime".
+        ran: "torch", "onnxruntime" or "openvino".
         reason: why, in a few words (the fallback's cause where `auto` kept torch).
         onnx: the export that runs (the cache's file), None for torch.
         export_s: seconds the export took when it was made for this run; None when reused.

@@ -67,9 +67,10 @@ class SpeedOptions:
             None where only pipelines ran (their run.json says, under environment).
         fallbacks: options asked for that ran eagerly instead, and why (as far as the
             benchmark's own model step saw).
-        runtime: what ran the network: "torch" or "onnxruntime" (`models/runtime.py`); on
-            ONNX Runtime the torch options above did not apply, and `torch_threads` is the
-            session's intra-op threads (0: ORT's default, one per physical core).
+        runtime: what ran the network: "torch", "onnxruntime" or "openvino"
+            (`models/runtime.py`); on an exported graph the torch options above did not apply,
+            and `torch_threads` is the session's threads (0: the runtime's default, one per
+            physical core).
     """
 
     precision: str
@@ -101,7 +102,7 @@ class SpeedOptions:
                 cuda_graphs=False,
                 torch_threads=config.torch_threads,
                 threads_used=config.torch_threads,
-                runtime="onnxruntime",
+                runtime=str(detector.runtime().get("backend", "onnxruntime")),
             )
         fallbacks = []
         lanes = step.lanes if step is not None and step.lanes.count > 1 else None
@@ -124,7 +125,8 @@ class SpeedOptions:
         """The table's line: "speed: fp16, channels_last on, compile off, ..." (on ONNX
         Runtime: "speed: onnxruntime, fp32, threads ...")."""
         if self.runtime != "torch":
-            threads = self.threads_used or "ORT's default (one per physical core)"
+            whose = "OpenVINO's" if self.runtime == "openvino" else "ORT's"
+            threads = self.threads_used or f"{whose} default (one per physical core)"
             return f"speed: {self.runtime}, {self.precision}, threads {threads}"
         default = "" if self.torch_threads else " (torch's default)"
         text = (

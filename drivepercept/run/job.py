@@ -19,7 +19,7 @@ from typing import Any
 
 from drivepercept.engine.device import resolve_device
 from drivepercept.errors import one_line
-from drivepercept.models import WeightsStore, load_detector
+from drivepercept.models import WeightsStore, default_input_size, load_detector
 from drivepercept.models.base import Detector
 from drivepercept.models.onnx import is_onnx
 from drivepercept.models.runtime import RuntimeRequest, choose_runtime, for_onnx_file
@@ -112,7 +112,8 @@ def _video_policy(mode: Mode) -> SinkPolicy:
 def load_model(options: RunOptions) -> Detector:
     """The detector `options` name, with its weights, classes, input size and weights store,
     on the runtime `options.runtime` chooses for the device (`drivepercept.models.runtime`:
-    auto runs an exportable model on ONNX Runtime on a CPU, from the export cache).
+    auto runs an exportable model on ONNX Runtime on a CPU, from the export cache; bf16 there
+    on OpenVINO).
 
     Raises:
         ConfigError: a bad setting (or a device that is not there).
@@ -121,22 +122,26 @@ def load_model(options: RunOptions) -> Detector:
     """
     config = options.pipeline()
     threads = config.torch_threads  # the model's threads, whichever runtime runs it
+    device_type = resolve_device(config.device).type
+    # a YOLOX model's default input depends on the device and runtime (yolox-nano runs
+    # larger on a CPU's exported runtime, which is faster there)
+    input_size = options.input_size or default_input_size(
+        options.model_name, device_type=device_type, runtime=options.runtime
+    )
     detector = load_detector(
         options.model_name,
         weights=options.weights,
         classes=options.classes,
-        input_size=options.input_size,
+        input_size=input_size,
         store=WeightsStore(options.weights_dir, options.weights_mirror),
         onnx_layout=options.onnx_layout,
         onnx_batch=options.onnx_batch,
         trt_cache=options.trt_cache,
         threads=threads,
     )
-    if is_onnx(options.model_name):
-        return for_onnx_file(detector, options.runtime)
     request = RuntimeRequest(
         runtime=options.runtime,
-        device_type=resolve_device(config.device).type,
+        device_type=device_type,
         precision=config.precision,
         compile=config.compile,
         cuda_graphs=config.cuda_graphs,
@@ -144,6 +149,8 @@ def load_model(options: RunOptions) -> Detector:
         cache=options.onnx_cache or default_onnx_cache({}),
         random_weights=options.weights is None or options.weights.strip().lower() == "none",
     )
+    if is_onnx(options.model_name):
+        return for_onnx_file(detector, request)
     return choose_runtime(detector, request)
 
 

@@ -171,7 +171,7 @@ def runtime_choice(detector: Detector) -> dict[str, Any]:
     """Which runtime ran the network, asked for what, and why."""
     if detector.runtime_choice is not None:
         return detector.runtime_choice.as_dict()
-    ran = "torch" if detector.runtime is None else "onnxruntime"
+    ran = "torch" if detector.runtime is None else str(detector.runtime().get("backend"))
     return RuntimeChoice(None, ran, "detector built by the caller").as_dict()
 
 

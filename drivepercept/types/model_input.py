@@ -32,9 +32,9 @@ DRIVING_CLASSES: tuple[str, ...] = (
 # what a run may report: the driving classes (COCO's mapped onto them), or every class
 CLASS_CHOICES: tuple[str, ...] = ("driving", "all")
 
-# what runs a detector's network: the fastest for the device, torch, or ONNX Runtime
+# what runs a detector's network: the fastest for the device, torch, ONNX Runtime or OpenVINO
 # (`drivepercept.models.runtime`)
-RUNTIMES: tuple[str, ...] = ("auto", "torch", "onnxruntime")
+RUNTIMES: tuple[str, ...] = ("auto", "torch", "onnxruntime", "openvino")
 
 # COCO class names -> the driving class each is reported as (the others are not driving
 # classes); used by the COCO models and by eval for models that report COCO names.

@@ -24,6 +24,7 @@ from drivepercept.models.onnx import layouts
 from drivepercept.models.onnx import providers as eps
 from drivepercept.models.onnx.binding import DeviceRun
 from drivepercept.models.onnx.layouts import Dim, Graph, Port
+from drivepercept.models.onnx.openvino import OpenVinoSession
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install onnxruntime"
@@ -220,6 +221,11 @@ class OnnxDetector(nn.Module):
                     log.warning("%s: no GPU provider started; batches go through the CPU", key)
         return self._bound[key]
 
+    def run_cpu_on(self, session: Any) -> None:
+        """Hands the CPU's batches to another session with ORT's `run`/`get_providers`
+        calls (OpenVINO's, `openvino.py`); ORT's own CPU session is let go."""
+        self._sessions["cpu"] = session
+
     def _trt_folder(self) -> Path | None:
         """TensorRT's engine cache: the one given (made, or a `ModelError`), else one beside
         the model (left out, with a warning, when it cannot be made)."""
@@ -242,9 +248,11 @@ class OnnxDetector(nn.Module):
             }
             for key, session in self._sessions.items()
         }
+        cpu = self._sessions["cpu"]
+        on_openvino = isinstance(cpu, OpenVinoSession)
         return {
-            "backend": "onnxruntime",
-            "version": getattr(import_ort(), "__version__", None),
+            "backend": "openvino" if on_openvino else "onnxruntime",
+            "version": cpu.version if on_openvino else getattr(import_ort(), "__version__", None),
             "layout": self.layout,
             "batch": "refuse" if self.refuse_batches else "loop",
             "threads": self.threads or None,  # None: ORT's default (one per physical core)
