@@ -17,6 +17,7 @@ import torch
 from torchvision.ops import box_iou
 
 from drivepercept.models import load_detector
+from drivepercept.models.onnx import openvino
 from drivepercept.run import QuantizeResult, RunOptions, export_model, quantize_model, run
 
 if sys.version_info >= (3, 11):
@@ -46,10 +47,17 @@ def _ops(path: Path) -> collections.Counter[str]:
     return collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 
 
-def _replay(model: Path, sources: tuple[str, ...], out: Path, frames: int) -> list[Any]:
+def _replay(
+    model: Path, sources: tuple[str, ...], out: Path, frames: int, runtime: str = "auto"
+) -> list[Any]:
     settings = {"device": "cpu", "max_frames": frames, "sample_hz": 0}
     options = RunOptions(
-        sources=sources, model=str(model), settings=settings, out_root=out, report_formats=()
+        sources=sources,
+        model=str(model),
+        settings=settings,
+        out_root=out,
+        report_formats=(),
+        runtime=runtime,
     )
     result = run(options)
     assert result.failure() is None
@@ -132,6 +140,71 @@ def test_cli_quantize_writes_the_model_and_its_sidecar_and_reports(
     assert _ops(out)["QuantizeLinear"] > 0
 
 
+@pytest.mark.skipif(not openvino.installed(), reason="needs the openvino package")
+def test_int8_tiny_runs_on_openvino_and_finds_what_fp32_finds(
+    tiny: tuple[Path, QuantizeResult], tmp_path: Path
+) -> None:
+    # given the QDQ INT8 copy of drivepercept-tiny, run by OpenVINO (its integer kernels)
+    fp32, done = tiny
+    sources = (f"back={RIG.parent / 'back.mp4'}", f"side={RIG.parent / 'back_left.mp4'}")
+    a = _replay(fp32, sources, tmp_path / "fp32", 3)
+    b = _replay(done.quantized.onnx, sources, tmp_path / "int8", 3, runtime="openvino")
+    # then it finds >= 90 % of the float model's sure boxes, as ORT's run of it does
+    wanted, found = _found(a, b, min_score=0.5)
+    assert wanted >= 5 and found >= 0.9 * wanted, (found, wanted)
+
+
+@pytest.mark.parametrize(
+    ("flags", "integer_op", "scales"),
+    [
+        (["--format", "qoperator"], "QLinearConv", "per channel"),
+        (["--per-tensor"], "DequantizeLinear", "per tensor"),
+    ],
+)
+def test_the_other_int8_forms_are_written_and_still_find_fp32s_boxes(
+    flags: list[str],
+    integer_op: str,
+    scales: str,
+    tiny: tuple[Path, QuantizeResult],
+    tmp_path: Path,
+    in_process: InProcess,
+) -> None:
+    # given drivepercept-tiny quantized in operator form, or with one scale per weight tensor
+    fp32, _ = tiny
+    out = tmp_path / "int8.onnx"
+    code, err = in_process(
+        ["quantize", str(fp32), "--calibrate", str(RIG), "--frames", "12", "--out", str(out),
+         *flags]
+    )  # fmt: skip
+    assert code == 0, err
+    ops = _ops(out)
+    model = onnx.load(str(out))
+    if integer_op == "QLinearConv":
+        # then every convolution is an integer operator, with no QDQ pair around it
+        assert ops["QLinearConv"] >= 5 and ops["Conv"] == 0, ops
+        assert ops["DequantizeLinear"] < ops["QLinearConv"], ops  # only where float resumes
+        weights = {n.input[3] for n in model.graph.node if n.op_type == "QLinearConv"}
+        scale_names = {n.input[4] for n in model.graph.node if n.op_type == "QLinearConv"}
+    else:
+        # then each weight's DequantizeLinear has one scale, not one per output channel
+        consts = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8}
+        deq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+        weights = {n.input[0] for n in deq if n.input[0] in consts}
+        scale_names = {n.input[1] for n in deq if n.input[0] in consts}
+    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer if t.name in scale_names}
+    assert weights and sizes
+    if scales == "per tensor":
+        assert set(sizes.values()) == {1}, sizes
+    else:
+        assert max(sizes.values()) > 1, sizes
+    # and it still finds the float model's sure boxes on frames of two cameras
+    sources = (f"back={RIG.parent / 'back.mp4'}", f"side={RIG.parent / 'back_left.mp4'}")
+    a = _replay(fp32, sources, tmp_path / "fp32", 3)
+    b = _replay(out, sources, tmp_path / "int8", 3)
+    wanted, found = _found(a, b, min_score=0.5)
+    assert wanted >= 5 and found >= 0.9 * wanted, (found, wanted)
+
+
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
@@ -145,6 +218,7 @@ def test_cli_quantize_writes_the_model_and_its_sidecar_and_reports(
         ("same_out", "would overwrite"),
         ("out_folder", "does not exist"),
         ("no_ort", "needs onnxruntime"),
+        ("format", "invalid choice"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -180,6 +254,8 @@ def test_bad_input_is_one_line_and_exit_2(
         extra[-1] = str(tmp_path / "no" / "out.onnx")
     elif case == "no_ort":
         monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    elif case == "format":
+        extra += ["--format", "qint4"]
     code, err = in_process(["quantize", model, "--calibrate", *calibrate, *extra])
     assert code == 2
     lines = [line for line in err.splitlines() if line.strip()]

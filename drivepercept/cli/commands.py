@@ -299,7 +299,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     done = jobs.quantize_model(
-        args.model, sources=args.calibrate, out=args.out, frames=args.frames, input_size=args.input
+        args.model,
+        sources=args.calibrate,
+        out=args.out,
+        frames=args.frames,
+        input_size=args.input,
+        quant_format=args.quant_format,
+        per_channel=not args.per_tensor,
     )
     print("\n".join(done.lines()))
     return EXIT_OK

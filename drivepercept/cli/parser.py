@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 from drivepercept import __version__
 from drivepercept.run.bench_suite import BENCH_MODES
 from drivepercept.run.options import DEFAULT_MODEL
+from drivepercept.run.quantize import FORMATS as QUANT_FORMATS
 
 EXIT_USAGE = 2
 
@@ -262,4 +263,17 @@ def build_parser() -> Parser:
     qua.add_argument("--frames", type=int, default=96, help="calibration frames (default 96)")
     qua.add_argument("--input", help="WxH, for a model whose input size is dynamic")
     qua.add_argument("--out", type=Path, help="the INT8 .onnx file (default <stem>_int8.onnx)")
+    qua.add_argument(
+        "--format",
+        dest="quant_format",
+        default="qdq",
+        choices=tuple(QUANT_FORMATS),
+        help="the INT8 graph: QuantizeLinear/DequantizeLinear pairs (qdq, default) or "
+        "integer operators (qoperator)",
+    )
+    qua.add_argument(
+        "--per-tensor",
+        action="store_true",
+        help="one weight scale per tensor instead of per output channel",
+    )
     return parser

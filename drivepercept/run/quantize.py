@@ -26,6 +26,7 @@ from drivepercept.config import PipelineConfig
 from drivepercept.engine.step import DetectorStep
 from drivepercept.errors import ConfigError
 from drivepercept.models.onnx import build
+from drivepercept.models.onnx.quantize import FORMATS as FORMATS  # the CLI's --format choices
 from drivepercept.models.onnx.quantize import (
     Quantized,
     check_destination,
@@ -79,8 +80,9 @@ class QuantizeResult:
             f"wrote {q.onnx} and {q.sidecar} in {self.seconds:.1f} s",
             f"calibrated on {q.frames} frames from {len(self.cameras)} camera(s): "
             f"{', '.join(self.cameras)}",
-            f"nodes: {q.nodes_quantized} quantized (int8 QDQ), {q.nodes_float} kept float "
-            "(the decoding)",
+            f"nodes: {q.nodes_quantized} quantized (int8 {FORMATS[q.quant_format]}, weight "
+            f"scales per {'channel' if q.per_channel else 'tensor'}), {q.nodes_float} kept "
+            "float (the decoding)",
             f"size: {_mb(q.source_bytes)} -> {_mb(q.int8_bytes)} ({ratio:.2f}x)",
         ]
         if self.fps_float > 0 and self.fps_int8 > 0:
@@ -111,6 +113,8 @@ def quantize_model(
     frames: int = DEFAULT_FRAMES,
     input_size: str | tuple[int, int] | None = None,
     check: bool = True,
+    quant_format: str = "qdq",
+    per_channel: bool = True,
 ) -> QuantizeResult:
     """Quantizes an ONNX detector to static INT8, calibrated on `frames` real frames.
 
@@ -122,6 +126,8 @@ def quantize_model(
         frames: calibration frames, spread over the cameras and over each clip.
         input_size: "WxH" for graphs whose input size is dynamic.
         check: also measure speed and agreement on the calibration frames.
+        quant_format, per_channel: the INT8 graph's form ("qdq" or "qoperator") and its
+            weight scales (one per output channel, or one per tensor); `quantize_onnx`.
 
     Raises:
         ConfigError, ModelError, SourceError: bad arguments, a model that cannot be
@@ -144,7 +150,9 @@ def quantize_model(
             step.normalise(torch.from_numpy(images[i : i + CHECK_BATCH])).numpy()
             for i in range(0, len(images), CHECK_BATCH)
         ]
-    done = quantize_onnx(detector, target, batches)
+    done = quantize_onnx(
+        detector, target, batches, per_channel=per_channel, quant_format=quant_format
+    )
     seconds = time.perf_counter() - started
     result = QuantizeResult(done, tuple(c.name for c in cams), seconds)
     if not check:

@@ -65,6 +65,8 @@ QUANTIZED_OPS = frozenset(
 # the products whose inputs and weights are worth int8; everything upstream of one is quantized
 PRODUCTS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 MIN_OPSET = 13  # per-channel weight scales (DequantizeLinear's axis)
+# the INT8 graph's form -> ORT's QuantFormat name (the default first)
+FORMATS = {"qdq": "QDQ", "qoperator": "QOperator"}
 
 FloatBatch = np.ndarray[Any, np.dtype[np.float32]]
 
@@ -80,6 +82,8 @@ class Quantized:
         frames: calibration images fed.
         nodes_quantized, nodes_float: nodes of the pre-processed graph quantized and left
             in float (the decoding).
+        quant_format: "qdq" or "qoperator" (`FORMATS`).
+        per_channel: one weight scale per output channel (else one per tensor).
     """
 
     onnx: Path
@@ -89,6 +93,8 @@ class Quantized:
     frames: int
     nodes_quantized: int
     nodes_float: int
+    quant_format: str = "qdq"
+    per_channel: bool = True
 
 
 def float_model(path: Path, *, input_size: tuple[int, int] | None = None) -> Detector:
@@ -131,9 +137,14 @@ def check_destination(source: Path, out: Path) -> None:
 
 
 def quantize_onnx(
-    detector: Detector, out: Path, batches: Iterable[FloatBatch], *, per_channel: bool = True
+    detector: Detector,
+    out: Path,
+    batches: Iterable[FloatBatch],
+    *,
+    per_channel: bool = True,
+    quant_format: str = "qdq",
 ) -> Quantized:
-    """Writes the INT8 (QDQ) version of an ONNX detector and its sidecar.
+    """Writes the INT8 version of an ONNX detector and its sidecar.
 
     Args:
         detector: the float model, from `float_model`.
@@ -141,11 +152,17 @@ def quantize_onnx(
         batches: calibration inputs, (n, 3, H, W) float32 each, prepared and normalised as
             the model's `InputSpec` says; regrouped here to the graph's batch size.
         per_channel: one weight scale per output channel (better for depthwise convolutions).
+        quant_format: "qdq" (QuantizeLinear/DequantizeLinear pairs around float operators,
+            fused by ORT's CPU provider) or "qoperator" (QLinearConv and other integer
+            operators written into the graph); see `FORMATS`.
 
     Raises:
         ModelError: a bad destination, onnxruntime's quantization tools missing, no
             calibration images, or a graph the tools cannot quantize (one line each).
     """
+    if quant_format not in FORMATS:
+        choices = ", ".join(FORMATS)
+        raise ModelError(f"quantize format must be one of {choices}, got {quant_format!r}")
     module = detector.module
     assert isinstance(module, OnnxDetector)
     source = module.path
@@ -161,7 +178,7 @@ def quantize_onnx(
                 str(prepared),
                 str(out),
                 feeds,
-                quant_format=tools.QuantFormat.QDQ,
+                quant_format=getattr(tools.QuantFormat, FORMATS[quant_format]),
                 per_channel=per_channel,
                 activation_type=tools.QuantType.QUInt8,
                 weight_type=tools.QuantType.QInt8,
@@ -188,6 +205,8 @@ def quantize_onnx(
         frames=feeds.images,
         nodes_quantized=len(keep),
         nodes_float=len(skip),
+        quant_format=quant_format,
+        per_channel=per_channel,
     )
 
 
