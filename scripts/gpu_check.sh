@@ -9,7 +9,8 @@
 #      without onnxruntime-gpu and onnx, which the step allows and says)
 #   3. a 1280x720 rig rendered by `drivepercept simulate` (6 cameras, 2 s, 15 fps)
 #   4. `drivepercept bench` (model-only vs pipeline vs naive) on the sample rig (640x360) in
-#      fp16 for ssdlite and yolox-nano (random weights: no network there; a score threshold
+#      fp16 for ssdlite and yolox-nano, yolox-nano again at 832x480 in the pipeline (issue
+#      25: the default input on a GPU; random weights: no network there; a score threshold
 #      of 0.99 keeps yolox's untrained scores from flooding NMS); then on the 1280x720 rig,
 #      with drivepercept-tiny in fp16: `bench --mode ceiling` and `--mode pipeline`; the
 #      default bench with --compile --cuda-graphs (compiled and captured in the warm-ups,
@@ -199,6 +200,9 @@ bench_models() {
     bench_on "ssdlite-$HALF" "$rig" --model ssdlite320_mobilenet_v3_large "${common[@]}" || rc=1
     bench_on "yolox-nano-$HALF" "$rig" --model yolox-nano "${common[@]}" \
         --score-threshold 0.99 || rc=1
+    # issue 25's default input per device: on a GPU, does 832x480 keep 416x256's frames/s?
+    bench_on "yolox-nano-832x480-$HALF" "$rig" --model yolox-nano --input-size 832x480 \
+        --mode pipeline "${common[@]}" --score-threshold 0.99 || rc=1
     return "$rc"
 }
 
@@ -353,7 +357,7 @@ step "onnx cuda tests" 20 onnx_cuda_tests
 step "render $HD_SIZE rig" 25 render_hd
 # two processes, each start + 2 rounds of 60 batches, 360 pipeline and 360 naive frames
 # (ssdlite: ~8 ms a naive frame): ~15-18 s each
-step "bench ssdlite, yolox-nano $HALF" 40 bench_models
+step "bench ssdlite, yolox-nano $HALF (and at 832x480)" 45 bench_models
 # two processes: start + about a second of batches; start + a warm-up + 2 x 180 frames
 # decoded by 6 threads: ~10 and ~12 s
 step "bench $HD_SIZE ceiling, pipeline $HALF" 35 hd_ceiling_pipeline
@@ -367,7 +371,7 @@ step "bench $HD_SIZE live $HALF" 30 hd_live
 # set-up and warm-up, 2 s settling, 3 s measured, draining): doubling to 12 cameras is 5
 # steps (~40 s), a failed count measured twice and the bisection after it up to 9 (~72 s;
 # 75 s, not 90, since the ONNX cuda tests' step: a long bisection has less room now)
-step "bench $HD_SIZE capacity $HALF" 75 hd_capacity
+step "bench $HD_SIZE capacity $HALF" 70 hd_capacity
 # two replays of 720 frames with their reports (matplotlib), ~15 s each; the comparison
 # ~4 s; the NVML check ~1 s: ~35 s
 step "replays fp32, $HALF, compare, NVML figures" 40 replays
