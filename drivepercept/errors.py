@@ -11,19 +11,29 @@ from __future__ import annotations
 import logging
 import re
 
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")
-_SECRET_QUERY = re.compile(
-    r"(?P<key>[?&;](?:password|passwd|pwd|pass|token|access_token|key|apikey|api_key|secret|"
-    r"auth|signature|sig)=)[^&;#\s]*",
-    re.IGNORECASE,
-)
+# scheme://USERINFO@host: the userinfo runs to the authority's last "@" (a password may hold
+# "@", ":" or anything but the path, query and fragment delimiters)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+# a query or form parameter: its key, then its value up to the next separator
+_PARAMETER = re.compile(r"(?P<key>[?&;](?P<name>[^=?&;#\s]*)=)[^&;#\s\"'<>]*")
+# a key that names a secret, whatever its case and separators (auth_token, access-token,
+# X-Amz-Signature, X-Amz-Credential, apiKey, sig, passwd, ...)
+_SECRET_NAME = re.compile(r"token|key|secret|sig|pass|pwd|auth|credential|session", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
-    """`text` with the credentials of any URL in it hidden: `user:password@` becomes
-    `user:***@`, and secret query parameters (password=, token=, key=, ...) become `=***`."""
-    text = _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)
-    return _SECRET_QUERY.sub(r"\g<key>***", text)
+    """`text` with the credentials of any URL in it hidden, by the URL's structure: the whole
+    userinfo (`scheme://user:password@host`, `scheme://token@host`) becomes `***@`, and the
+    value of every query parameter whose key names a secret (token, key, secret, signature,
+    password, auth, credential, in any case, with `-` or `_`) becomes `***`."""
+    text = _USERINFO.sub(r"\g<scheme>***@", text)
+    return _PARAMETER.sub(_hide_secret_value, text)
+
+
+def _hide_secret_value(match: re.Match[str]) -> str:
+    if _SECRET_NAME.search(match.group("name")):
+        return match.group("key") + "***"
+    return match.group(0)
 
 
 class RedactingFilter(logging.Filter):

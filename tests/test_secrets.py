@@ -16,7 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_videos"
 PASSWORD = "S3cretPass"
 TOKEN = "T0kenXYZ42"
-SECRETS = (PASSWORD, TOKEN)
+# the forms a pattern list let through (issue 26): "@" in the password, a token as the whole
+# userinfo, secret query keys spelt with _ and - and in a cloud's signed-URL style
+AT_PASSWORD = "Hunter@2SECRET"
+USER_TOKEN = "S3cretUserToken"
+AUTH_TOKEN, ACCESS_TOKEN, SIGNATURE = "AuthTok3nQ", "AccessTok3nR", "AmzSig7S"
+SECRETS = (PASSWORD, TOKEN, "2SECRET", USER_TOKEN, AUTH_TOKEN, ACCESS_TOKEN, SIGNATURE)
 
 
 @pytest.fixture
@@ -73,6 +78,50 @@ def test_live_with_credentialed_urls_leaks_no_secret(tmp_path: Path, server: Cam
     assert "good" in proc.stdout and "bad" in proc.stderr  # the run went on and said so
     assert (run_dir / "report.html").exists() and (run_dir / "trace.json").exists()
     assert "***" in (run_dir / "run.json").read_text()  # redacted, not dropped
+    assert _leaks(run_dir, proc.stdout, proc.stderr) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (f"http://admin:{AT_PASSWORD}@10.0.0.5:8080/cam", "http://***@10.0.0.5:8080/cam"),
+        (f"http://{USER_TOKEN}@10.0.0.5/video", "http://***@10.0.0.5/video"),
+        (
+            f"rtsp://h/s?auth_token={AUTH_TOKEN}&fps=5&access-token={ACCESS_TOKEN}",
+            "rtsp://h/s?auth_token=***&fps=5&access-token=***",
+        ),
+        (
+            f"https://b.s3.example/v.mp4?X-Amz-Signature={SIGNATURE}&X-Amz-Date=1",
+            "https://b.s3.example/v.mp4?X-Amz-Signature=***&X-Amz-Date=1",
+        ),
+        (f'"src": "http://a:{PASSWORD}@h/x?token={TOKEN}"', '"src": "http://***@h/x?token=***"'),
+        ("mail admin@example.com, http://h/x?page=2", "mail admin@example.com, http://h/x?page=2"),
+    ],
+)
+def test_redaction_goes_by_the_urls_structure(url: str, shown: str) -> None:
+    from drivepercept.errors import redact
+
+    assert redact(url) == shown
+    assert redact(redact(url)) == shown
+
+
+@pytest.mark.integration
+def test_the_forms_a_pattern_list_missed_leak_nowhere(tmp_path: Path, server: CameraServer) -> None:
+    query = f"?auth_token={AUTH_TOKEN}&access-token={ACCESS_TOKEN}&X-Amz-Signature={SIGNATURE}"
+    good = server.url("front").replace("http://", f"http://admin:{AT_PASSWORD}@") + query
+    bad = f"http://{USER_TOKEN}@127.0.0.1:1/cam.mjpg"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "drivepercept", "-v", "live", "--model", "drivepercept-tiny",
+            f"--camera=good={good}", f"--camera=bad={bad}", "--duration", "3",
+            "--reconnect-initial-s", "0.1", "--reconnect-attempts", "2",
+            "--out", str(tmp_path), "--name", "creds", "--no-progress",
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    run_dir = tmp_path / "creds"
+    assert (run_dir / "run.json").exists() and (run_dir / "report.html").exists(), proc.stderr
+    assert "good" in proc.stdout
     assert _leaks(run_dir, proc.stdout, proc.stderr) == []
 
 
