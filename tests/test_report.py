@@ -589,3 +589,68 @@ def test_report_of_a_replay_killed_mid_way(tmp_path: Path) -> None:
     assert (run / "report.html").stat().st_size > 10_000
     json.loads((run / "trace.json").read_text())
     assert load_run(run).problems
+
+
+# --------------------------------------------------------------------------- crafted folders
+
+# markup that would run if it reached the page as HTML: it sets the title
+_BAIT = "<img src=x onerror=\"document.title='PWNED'\"><script>document.title='PWNED'</script>"
+
+
+def _crafted(sample_run: Path, tmp_path: Path) -> Path:
+    """A copy of the sample run whose run.json carries markup in every kind of field a
+    sender controls: a source's size, names, the model, config and environment values."""
+    folder = tmp_path / "crafted"
+    shutil.copytree(sample_run, folder)
+    (folder / "report.html").unlink()
+    record = json.loads((folder / "run.json").read_text())
+    for source in record["sources"]:
+        source["width"], source["height"] = _BAIT, _BAIT
+        source["source"] = _BAIT
+    record["model"]["name"] = _BAIT
+    record["model"]["runtime_choice"] = {"reason": _BAIT}
+    record["config"]["precision"] = _BAIT
+    record["environment"]["drivepercept"] = _BAIT
+    record["environment"]["device"] = _BAIT
+    record["status"] = _BAIT
+    (folder / "run.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_markup_in_a_crafted_run_json_reaches_the_report_as_text(
+    sample_run: Path, tmp_path: Path
+) -> None:
+    folder = _crafted(sample_run, tmp_path)
+    assert main(["report", str(folder)]) == 0
+    page = (folder / "report.html").read_text()
+    # then no tag of the bait survives, and its text is there, escaped
+    assert "<script" not in page and "<img src=x" not in page and 'onerror="' not in page
+    assert page.count("&lt;script&gt;") >= 5
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_a_crafted_run_json_runs_no_script_in_headless_chromium(
+    sample_run: Path, tmp_path: Path
+) -> None:
+    assert CHROMIUM is not None
+
+    def title(page: Path) -> str:
+        dom = subprocess.run(
+            [
+                CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                f"--user-data-dir={tmp_path / ('profile-' + page.stem)}",
+                "--virtual-time-budget=2000", "--dump-dom", page.resolve().as_uri(),
+            ],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+        found = re.search(r"<title>(.*?)</title>", dom, re.S)
+        return found.group(1) if found else ""
+
+    # the check can see a script run: a page holding the bait raw gets the bait's title
+    bait = tmp_path / "bait.html"
+    bait.write_text(f"<html><head><title>clean</title></head><body>{_BAIT}</body></html>")
+    assert title(bait) == "PWNED"
+    # the report of the crafted folder keeps its own title
+    folder = _crafted(sample_run, tmp_path)
+    assert main(["report", str(folder)]) == 0
+    assert title(folder / "report.html").startswith("drivepercept report")

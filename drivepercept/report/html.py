@@ -1,5 +1,10 @@
 """report.html: one self-contained page (inline CSS, plots as data: URIs, no script, no
 network access) with the run's config and environment, the summary tables and the plots.
+
+A run folder is something people send each other, so everything read from it is text: every
+value reaches the page through `esc`, the one escaping function (table cells, headings and
+paragraphs alike). HTML built here from escaped parts is marked `Markup`, which `esc` leaves
+as it is; nothing else passes unescaped.
 """
 
 from __future__ import annotations
@@ -33,15 +38,22 @@ code { background: #f4f4f4; padding: 0 0.2em; }
 """
 
 
-def esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
+class Markup(str):
+    """HTML built here from escaped parts (or fixed text): `esc` leaves it as it is."""
 
 
-def fmt(value: Any, digits: int = 1) -> str:
+def esc(value: Any) -> Markup:
+    """`value` as HTML text: escaped, unless it is `Markup` already."""
+    if isinstance(value, Markup):
+        return value
+    return Markup(html.escape("" if value is None else str(value)))
+
+
+def fmt(value: Any, digits: int = 1) -> Markup:
     if value is None:
-        return "n/a"
+        return Markup("n/a")
     if isinstance(value, float):
-        return f"{value:.{digits}f}"
+        return Markup(f"{value:.{digits}f}")
     return esc(value)
 
 
@@ -54,7 +66,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, left: int = 
     body = []
     for row in rows:
         cells = "".join(
-            f'<td class="l">{esc(v)}</td>' if i < left else f"<td>{v}</td>"
+            f'<td class="l">{esc(v)}</td>' if i < left else f"<td>{esc(v)}</td>"
             for i, v in enumerate(row)
         )
         body.append(f"<tr>{cells}</tr>")
@@ -68,8 +80,8 @@ def image(png: bytes | None, alt: str) -> str:
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _pct(rate: float | None) -> str:
-    return "n/a" if rate is None else f"{100 * rate:.2f}%"
+def _pct(rate: float | None) -> Markup:
+    return Markup("n/a" if rate is None else f"{100 * float(rate):.2f}%")
 
 
 def latency_table(summary: dict[str, Any]) -> str:
@@ -143,7 +155,8 @@ def load_section(summary: dict[str, Any], data: RunData) -> str:
             [f"{label} clock limits seen", ", ".join(g["throttle_reasons_seen"]) or "none", ""],
         ]
     parts.append(
-        f"<p class='note'>{load['samples']} samples at {fmt(load['rate_hz'])} Hz on the frames' "
+        f"<p class='note'>{esc(load['samples'])} samples at {fmt(load['rate_hz'])} Hz on the "
+        "frames' "
         "clock. NVML utilization is the share of time a kernel ran (or memory was busy), "
         "averaged by the driver over a window of 1/6 s to 1 s depending on the GPU.</p>"
     )
@@ -171,11 +184,11 @@ def batches_section(summary: dict[str, Any]) -> str:
     spread = b["capture_spread_ms"]
     rows = [
         ["batches", b["count"]],
-        ["mean cameras per batch", f"{fmt(b['mean_size'], 2)} of {b['cameras']}"],
+        ["mean cameras per batch", Markup(f"{fmt(b['mean_size'], 2)} of {esc(b['cameras'])}")],
         ["full batches", _pct(b["full_share"])],
         [
             "capture spread p50 / p95 / max ms",
-            " / ".join(fmt(spread[k], 2) for k in ("p50_ms", "p95_ms", "max_ms")),
+            Markup(" / ".join(fmt(spread[k], 2) for k in ("p50_ms", "p95_ms", "max_ms"))),
         ],
     ]
     return table(["figure", "value"], rows) + image(
@@ -203,7 +216,7 @@ def live_section(summary: dict[str, Any], origin_ns: int) -> str:
                 fmt(live.get("failed_attempts")),
                 fmt(live["downtime_s"], 2),
                 fmt(live.get("frames_lost_estimate")),
-                esc(changes),
+                changes,
             ]
         )
     return "<h2>Cameras</h2>" + table(
@@ -269,11 +282,11 @@ model <b>{esc(model.get("name"))}</b> &middot; device <b>{
 &middot; latency budget <b>{budget:g} ms</b></p>
 {problems}
 <h2>Summary</h2>
-<p>{summary["frames"]} frames from {len(tl.cameras)} cameras in {fmt(summary["span_s"], 2)} s:
+<p>{esc(summary["frames"])} frames from {len(tl.cameras)} cameras in {fmt(summary["span_s"], 2)} s:
 <b>{fmt(summary["throughput_fps"])} frames/s</b>; end-to-end p50
 <b>{fmt(summary["end_to_end_ms"]["p50_ms"])} ms</b>, p99
 <b>{fmt(summary["end_to_end_ms"]["p99_ms"])} ms</b>;
-{summary["deadline"]["misses"]} frames over the {budget:g} ms budget
+{esc(summary["deadline"]["misses"])} frames over the {budget:g} ms budget
 ({_pct(summary["deadline"]["miss_rate"])}).</p>
 {latency_table(summary)}
 {live_section(summary, tl.origin_ns)}
