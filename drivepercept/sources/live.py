@@ -47,6 +47,10 @@ from drivepercept.types import CameraState, ImageU8
 log = logging.getLogger(__name__)
 
 MAX_CHANGES = 1000  # state changes kept per camera (totals are kept apart, unbounded)
+# a connection that breaks sooner than this after it opened counts as a flap: the next
+# connection waits the backoff (a camera that sends one good frame, then junk, would
+# otherwise be reconnected as fast as it answers)
+STABLE_S = 5.0
 _STOP_POLL_S = 0.05  # how often a connection attempt in progress looks at the stop event
 
 
@@ -159,6 +163,8 @@ class LiveSource:
         self._failures = 0  # the same, since the last frame: drives backoff and giving up
         self._last_error = ""
         self._delivered = False  # a frame came on the current connection
+        self._attached_ns = 0  # when the current connection opened
+        self._flaps = 0  # connections in a row that broke within STABLE_S
         # running totals, so the kept change list can be bounded (MAX_CHANGES)
         self._totals = Totals()
         self._streamed = False
@@ -241,6 +247,10 @@ class LiveSource:
 
     def _attach(self, reader: FrameReader) -> None:
         self._reader = reader
+        watch = getattr(reader, "watch", None)
+        if watch is not None:  # its reads end within a slice of a stop (MjpegReader)
+            watch(self.stop)
+        self._attached_ns = time.monotonic_ns()
         self._delivered = False
         self.info = reader.info
         self.connects += 1
@@ -331,16 +341,39 @@ class LiveSource:
                 self._delivered = True
                 self._failures = 0
                 return got
+            why = str(getattr(self._reader, "last_error", "") or "")
             self._reader.close()
             self._reader = None
             if not self.live:
                 self._set(CameraState.ENDED, "end of file")
                 return None
             if self._delivered:
-                self._set(CameraState.RECONNECTING, "the stream stopped delivering frames")
+                if not self._lost(why):
+                    return None
             else:
-                self._fail("connected, but no frame arrived")
+                self._fail(
+                    f"connected, but no frame arrived ({why})"
+                    if why
+                    else "connected, but no frame arrived"
+                )
         return None
+
+    def _lost(self, why: str) -> bool:
+        """A stream that delivered frames broke: reconnecting, with the reason, after the
+        backoff if it broke soon after it opened (a flap). False when stopped meanwhile."""
+        lasted_s = (time.monotonic_ns() - self._attached_ns) / 1e9
+        self._flaps = self._flaps + 1 if lasted_s < STABLE_S else 0
+        detail = "the stream stopped delivering frames" + (f": {why}" if why else "")
+        if not self._flaps:
+            self._set(CameraState.RECONNECTING, detail)
+            return True
+        self._last_error = why or "the stream stopped delivering frames"
+        delay = self.policy.delay_s(self._flaps)
+        self._set(
+            CameraState.RECONNECTING,
+            f"{detail}, {lasted_s:.1f} s after it opened; retry in {delay:g} s",
+        )
+        return not self.stop.wait(delay)
 
     def close(self) -> None:
         if self._reader is not None:

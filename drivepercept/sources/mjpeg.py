@@ -9,6 +9,13 @@ batcher decodes only the frames it takes. The first part is decoded at open, for
 
 A response that is not a multipart stream (an MP4 or HLS URL, a snapshot page) raises
 `NotMjpegError`, and the caller opens the URL with OpenCV instead.
+
+Nothing the camera sends is trusted (`bounded.py`): a part must arrive whole within
+`read_timeout_s` (the first within `open_timeout_s`), its header lines are at most
+`MAX_HEADER_LINE` bytes and `MAX_HEADERS` lines, its body at most `MAX_PART_BYTES`, its
+picture at most `MAX_SIZE_PX` a side (read from the JPEG header, before any decoding), and a
+stop ends a read within `bounded.SLICE_S`. A part that breaks a bound ends the connection with
+the reason (`last_error`), which the reconnect supervisor reports.
 """
 
 from __future__ import annotations
@@ -16,15 +23,20 @@ from __future__ import annotations
 import http.client
 import re
 import socket
+import threading
 import time
 from urllib.parse import SplitResult, urlsplit
 
 from drivepercept.config import ReconnectPolicy
+from drivepercept.geometry import MAX_SIZE_PX
+from drivepercept.sources.bounded import BodyError, BoundedBody
 from drivepercept.sources.probe import basic_auth, camera_tls, http_phrase
 from drivepercept.sources.readers import RawFrame, SourceError, SourceInfo
 from drivepercept.types import CameraState, ReaderStatus
 
-MAX_PART_BYTES = 32 << 20  # a JPEG part larger than this is not a camera frame
+MAX_PART_BYTES = 8 << 20  # a JPEG part larger than this is not a camera frame (8 MiB)
+MAX_HEADER_LINE = 8192  # bytes in one header or boundary line
+MAX_HEADERS = 64  # header lines of one part
 _BOUNDARY_RE = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 
 
@@ -46,27 +58,40 @@ class MjpegReader:
             naming the URL and the reason).
     """
 
-    def __init__(self, url: str, *, policy: ReconnectPolicy) -> None:
+    def __init__(
+        self, url: str, *, policy: ReconnectPolicy, stop: threading.Event | None = None
+    ) -> None:
         self.source = url
+        self.last_error = ""  # why the last read gave None (the supervisor's reason)
+        self._read_timeout_s = policy.read_timeout_s
         parts = urlsplit(url)
+        opened = time.monotonic()
         self._conn = _connection(parts, policy.open_timeout_s)
         self._first: RawFrame | None = None
         self._at_headers = False  # the boundary line of the next part was already read
         self._ended = False  # the final boundary was read
         try:
             self._boundary = self._request(parts)
+            self._body = BoundedBody(self._response, self._sock, stop)
             self._t0 = time.monotonic_ns() / 1e9
-            first = self.read()
+            # the open, the response and the first frame together within the open timeout
+            first = self._part(opened + policy.open_timeout_s)
             if first is None:
-                raise SourceError(f"cannot open {url}: the stream ended before its first frame")
+                why = self.last_error or "the stream ended before its first frame"
+                raise SourceError(f"cannot open {url}: {why}")
             self._first = first
-            height, width = first.image_bgr.shape[:2]
+            try:
+                height, width = first.image_bgr.shape[:2]
+            except SourceError as exc:
+                raise SourceError(f"cannot open {url}: its first frame is {exc}") from None
         except BaseException:
             self._conn.close()
             raise
         self.info = SourceInfo(width, height, 0.0, -1)
-        if self._conn.sock is not None:
-            self._conn.sock.settimeout(policy.read_timeout_s)
+
+    def watch(self, stop: threading.Event) -> None:
+        """Ends any read within `bounded.SLICE_S` once `stop` is set."""
+        self._body.stop = stop
 
     def _request(self, parts: SplitResult) -> bytes:
         headers = {"User-Agent": "drivepercept", "Accept": "multipart/x-mixed-replace, */*"}
@@ -75,6 +100,8 @@ class MjpegReader:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         try:
             self._conn.request("GET", target, headers=headers)
+            # the connection lets go of its socket once a closing response owns it
+            self._sock = self._conn.sock
             self._response = self._conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             raise SourceError(f"cannot open {self.source}: {_why(exc)}") from None
@@ -88,32 +115,48 @@ class MjpegReader:
         return boundary.group(1).encode()
 
     def read(self) -> RawFrame | None:
-        """The next frame, encoded; None when the stream ends, breaks or stays silent past
-        the read timeout (the reconnect supervisor takes it from there)."""
+        """The next frame, encoded; None when the stream ends, breaks a bound or does not
+        deliver a whole part within the read timeout (`last_error` says which; the
+        reconnect supervisor takes it from there)."""
         if self._first is not None:
             first, self._first = self._first, None
             return first
-        try:
-            return self._next_part()
-        except (OSError, http.client.HTTPException, ValueError):
-            return None
+        return self._part(time.monotonic() + self._read_timeout_s)
 
-    def _next_part(self) -> RawFrame | None:
-        body, marker = self._response, b"--" + self._boundary
+    def _part(self, deadline: float) -> RawFrame | None:
+        try:
+            return self._next_part(deadline)
+        except BodyError as exc:
+            self.last_error = str(exc)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            self.last_error = str(exc) or type(exc).__name__
+        return None
+
+    def _next_part(self, deadline: float) -> RawFrame | None:
+        body, marker = self._body, b"--" + self._boundary
         if self._ended:
+            self.last_error = "the stream ended"
             return None
         if not self._at_headers:  # skip the rest of the last part, up to the boundary line
+            skipped = 0
             while True:
-                line = body.readline(65536)
+                line = body.readline(MAX_HEADER_LINE, deadline)
                 if not line or line.strip() == marker + b"--":  # closed, or the final boundary
+                    self.last_error = "the stream ended"
                     return None
                 if line.strip() == marker:
                     break
+                skipped += len(line)
+                if skipped > MAX_PART_BYTES:
+                    raise ValueError(f"no part boundary within {MAX_PART_BYTES} bytes")
         self._at_headers = False
         headers: dict[bytes, bytes] = {}
-        while (line := body.readline(65536)) not in (b"\r\n", b"\n"):
+        while (line := body.readline(MAX_HEADER_LINE, deadline)) not in (b"\r\n", b"\n"):
             if not line:
+                self.last_error = "the stream ended inside a part's headers"
                 return None
+            if len(headers) >= MAX_HEADERS:
+                raise ValueError(f"a part with more than {MAX_HEADERS} header lines")
             name, _, value = line.partition(b":")
             headers[name.strip().lower()] = value.strip()
         if b"jpeg" not in headers.get(b"content-type", b"image/jpeg").lower():
@@ -121,34 +164,72 @@ class MjpegReader:
         if b"content-length" in headers:
             length = int(headers[b"content-length"])
             if not 0 < length <= MAX_PART_BYTES:
-                raise ValueError(f"a part of {length} bytes")
-            jpeg = body.read(length)
+                raise ValueError(f"a part of {length} bytes (the limit is {MAX_PART_BYTES})")
+            jpeg = body.read_exact(length, deadline)
             if len(jpeg) < length:
+                self.last_error = "the stream ended inside a part"
                 return None
         else:
-            jpeg = self._until_boundary(marker)
+            jpeg = self._until_boundary(marker, deadline)
             self._at_headers = True
+        size = jpeg_size(jpeg)
+        if size is not None and max(size) > MAX_SIZE_PX:
+            raise ValueError(
+                f"a {size[0]}x{size[1]} frame, over the {MAX_SIZE_PX} px limit of a side"
+            )
         arrived_ns = time.monotonic_ns()
         return RawFrame(None, arrived_ns / 1e9 - self._t0, arrived_ns, jpeg=jpeg)
 
-    def _until_boundary(self, marker: bytes) -> bytes:
+    def _until_boundary(self, marker: bytes, deadline: float) -> bytes:
         """A part without Content-Length: its bytes up to the next boundary line."""
         data = bytearray()
         while len(data) <= MAX_PART_BYTES:
-            line = self._response.readline(65536)
+            line = self._body.readline(MAX_PART_BYTES, deadline)
             if not line:
                 raise ValueError("the stream ended inside a part")
             if line.strip() in (marker, marker + b"--"):  # the next part, or the last one
                 self._ended = line.strip() != marker
                 return bytes(data).removesuffix(b"\r\n")
             data += line
-        raise ValueError("a part larger than any camera frame")
+        raise ValueError(f"a part over {MAX_PART_BYTES} bytes")
 
     def status(self) -> ReaderStatus:
         return ReaderStatus(CameraState.STREAMING, live=True)
 
     def close(self) -> None:
         self._conn.close()
+        response = getattr(self, "_response", None)
+        if response is not None:
+            response.close()
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header (SOFn), read without decoding; None when
+    the data is not a JPEG or holds no frame header."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if i + 9 > len(data):
+                return None
+            height = int.from_bytes(data[i + 5 : i + 7], "big")
+            width = int.from_bytes(data[i + 7 : i + 9], "big")
+            return width, height
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        if length < 2:
+            return None
+        i += 2 + length
+    return None
 
 
 def _connection(parts: SplitResult, timeout_s: float) -> http.client.HTTPConnection:

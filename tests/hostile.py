@@ -1,0 +1,151 @@
+"""A hostile MJPEG camera for tests: a loopback HTTP server that answers every connection
+with one scripted misbehaviour (issue 26). Each mode first sends the multipart response
+header and, unless it says otherwise, one valid JPEG part, then misbehaves:
+
+- `endless_headers`: a part whose header lines never end (`X-1: 1`, `X-2: 2`, ...);
+- `drip`: the next part one byte every half second;
+- `random`: random bytes right after the response header (no valid part);
+- `negative_length`: parts announcing `Content-Length: -5`;
+- `huge_part`: a part announcing 50 MB;
+- `huge_dims`: a part whose JPEG header says 9000x9000;
+- `not_jpeg`: a part of `text/html`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import cv2
+import numpy as np
+
+MODES = (
+    "endless_headers", "drip", "random", "negative_length", "huge_part", "huge_dims", "not_jpeg",
+)  # fmt: skip
+BOUNDARY = b"frame"
+
+
+def jpeg(width: int = 64, height: int = 48) -> bytes:
+    ok, data = cv2.imencode(".jpg", np.full((height, width, 3), 90, np.uint8))
+    assert ok
+    return data.tobytes()
+
+
+def with_size(data: bytes, width: int, height: int) -> bytes:
+    """`data` (a JPEG) with its frame header claiming width x height."""
+    out = bytearray(data)
+    i = 2
+    while i < len(out):
+        marker = out[i + 1]
+        if 0xC0 <= marker <= 0xC3:
+            out[i + 5 : i + 7] = height.to_bytes(2, "big")
+            out[i + 7 : i + 9] = width.to_bytes(2, "big")
+            return bytes(out)
+        i += 2 + int.from_bytes(out[i + 2 : i + 4], "big")
+    raise AssertionError("no frame header")
+
+
+def _part(body: bytes, kind: bytes = b"image/jpeg", length: int | None = None) -> bytes:
+    size = len(body) if length is None else length
+    head = b"--" + BOUNDARY + b"\r\nContent-Type: " + kind + b"\r\n"
+    return head + b"Content-Length: " + str(size).encode() + b"\r\n\r\n" + body + b"\r\n"
+
+
+class HostileCamera:
+    """Serves `mode` to every connection on 127.0.0.1 until closed.
+
+    Attributes:
+        url: the camera's URL.
+        connections: connections accepted so far.
+    """
+
+    def __init__(self, mode: str) -> None:
+        assert mode in MODES, mode
+        self.mode = mode
+        self.connections = 0
+        self._stop = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/cam.mjpg"
+        self._thread = threading.Thread(target=self._serve, name="hostile-camera", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        try:
+            conn.recv(65536)  # the request
+            conn.sendall(
+                b"HTTP/1.0 200 OK\r\nContent-Type: multipart/x-mixed-replace; boundary="
+                + BOUNDARY + b"\r\n\r\n"
+            )  # fmt: skip
+            if self.mode == "random":
+                while not self._stop.is_set():
+                    conn.sendall(os.urandom(65536))
+                    time.sleep(0.01)
+                return
+            conn.sendall(_part(jpeg()))
+            getattr(self, "_" + self.mode)(conn)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def _endless_headers(self, conn: socket.socket) -> None:
+        conn.sendall(b"--" + BOUNDARY + b"\r\nContent-Type: image/jpeg\r\n")
+        n = 0
+        while not self._stop.is_set():
+            lines = b"".join(b"X-%d: %d\r\n" % (n + k, n + k) for k in range(1000))
+            conn.sendall(lines)
+            n += 1000
+
+    def _drip(self, conn: socket.socket) -> None:
+        for byte in _part(jpeg()):
+            if self._stop.wait(0.5):
+                return
+            conn.sendall(bytes([byte]))
+
+    def _negative_length(self, conn: socket.socket) -> None:
+        while not self._stop.is_set():
+            conn.sendall(_part(jpeg(), length=-5))
+            time.sleep(0.05)
+
+    def _huge_part(self, conn: socket.socket) -> None:
+        conn.sendall(_part(b"", length=50 << 20)[:-2])
+        self._stop.wait(10)
+
+    def _huge_dims(self, conn: socket.socket) -> None:
+        while not self._stop.is_set():
+            conn.sendall(_part(with_size(jpeg(), 9000, 9000)))
+            time.sleep(0.05)
+
+    def _not_jpeg(self, conn: socket.socket) -> None:
+        while not self._stop.is_set():
+            conn.sendall(_part(b"<html></html>", kind=b"text/html"))
+            time.sleep(0.05)
+
+
+@contextmanager
+def hostile_camera(mode: str) -> Iterator[HostileCamera]:
+    camera = HostileCamera(mode)
+    try:
+        yield camera
+    finally:
+        camera.close()

@@ -1,0 +1,134 @@
+"""A camera that misbehaves on purpose (issue 26): every read it can stall or inflate is
+bounded, named and interruptible. Each misbehaviour ends the connection within its timeout
+with the reason, memory stays flat, a stop ends a blocked read within a slice, and a camera
+that opens and then fails at once is retried after a backoff, not as fast as it answers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+import pytest
+from hostile import hostile_camera, jpeg, with_size
+
+from drivepercept.config import ReconnectPolicy
+from drivepercept.sources.bounded import SLICE_S
+from drivepercept.sources.live import LiveSource
+from drivepercept.sources.mjpeg import MAX_HEADERS, MAX_PART_BYTES, MjpegReader, jpeg_size
+from drivepercept.sources.readers import SourceError
+
+pytestmark = pytest.mark.integration
+
+POLICY = ReconnectPolicy(initial_s=0.25, max_s=2.0, open_timeout_s=2.0, read_timeout_s=1.0)
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        ("endless_headers", f"a part with more than {MAX_HEADERS} header lines"),
+        ("drip", "the read timeout passed before the part was whole"),
+        ("negative_length", "a part of -5 bytes"),
+        ("huge_part", f"a part of {50 << 20} bytes (the limit is {MAX_PART_BYTES})"),
+        ("huge_dims", "a 9000x9000 frame, over the 8192 px limit of a side"),
+        ("not_jpeg", "a part that is not a JPEG"),
+    ],
+)
+def test_each_misbehaviour_ends_the_read_in_time_with_its_reason(mode: str, reason: str) -> None:
+    # given a camera that sends one good frame, then misbehaves
+    with hostile_camera(mode) as camera:
+        reader = MjpegReader(camera.url, policy=POLICY)
+        try:
+            assert reader.read() is not None  # the good frame
+            # when the next frame is read
+            started = time.monotonic()
+            assert reader.read() is None
+            took = time.monotonic() - started
+        finally:
+            reader.close()
+    # then the read ends within the read timeout (and a slice), saying why
+    assert took <= POLICY.read_timeout_s + 2 * SLICE_S + 0.3, took
+    assert reader.last_error.startswith(reason), reader.last_error
+
+
+def test_random_bytes_after_the_response_fail_the_open_in_time_with_a_reason() -> None:
+    with hostile_camera("random") as camera:
+        started = time.monotonic()
+        with pytest.raises(SourceError) as err:
+            MjpegReader(camera.url, policy=POLICY)
+        took = time.monotonic() - started
+    assert took <= POLICY.open_timeout_s + 0.5, took
+    message = str(err.value)
+    assert message.startswith(f"cannot open {camera.url}: ") and len(message.splitlines()) == 1
+    assert "line over" in message or "read timeout" in message or "boundary" in message
+
+
+def _live(url: str, stop: threading.Event) -> LiveSource:
+    return LiveSource(camera="cam", source=url, policy=POLICY, stop=stop)
+
+
+def test_the_endless_header_camera_keeps_memory_flat() -> None:
+    # given the camera whose part headers never end, read for 6 s (reconnecting each time)
+    process = psutil.Process()
+    stop = threading.Event()
+    with hostile_camera("endless_headers") as camera:
+        source = _live(camera.url, stop)
+        reading = threading.Thread(target=lambda: [source.read() for _ in range(10_000)])
+        before = process.memory_info().rss
+        reading.start()
+        peak = before
+        for _ in range(60):
+            time.sleep(0.1)
+            peak = max(peak, process.memory_info().rss)
+        stop.set()
+        reading.join(2.0)
+        source.close()
+    # then memory grew by less than 30 MB (unbounded, it grew ~80 MB a second), the reader
+    # stopped in time, and the camera was reconnected with the reason
+    assert peak - before < 30 << 20, (peak - before) / 2**20
+    assert not reading.is_alive()
+    details = [c.detail for c in source.changes()]
+    assert any(f"more than {MAX_HEADERS} header lines" in d for d in details), details
+
+
+@pytest.mark.parametrize("mode", ["drip", "endless_headers"])
+def test_a_stop_ends_a_read_the_camera_holds_up_within_a_slice(mode: str) -> None:
+    stop = threading.Event()
+    long_reads = ReconnectPolicy(open_timeout_s=30.0, read_timeout_s=30.0)
+    with hostile_camera(mode) as camera:
+        source = LiveSource(camera="cam", source=camera.url, policy=long_reads, stop=stop)
+        assert source.read() is not None  # connected: the good frame
+        reading = threading.Thread(target=source.read, name="decode-cam")
+        reading.start()
+        time.sleep(1.0)  # well inside the misbehaving part
+        stopped = time.monotonic()
+        stop.set()
+        reading.join(2.0)
+        took = time.monotonic() - stopped
+        source.close()
+    assert not reading.is_alive() and took < 1.0, took
+
+
+def test_a_camera_that_fails_right_after_each_open_is_retried_with_backoff() -> None:
+    # given a camera whose every connection gives one good frame, then a bad part
+    stop = threading.Event()
+    with hostile_camera("negative_length") as camera:
+        source = _live(camera.url, stop)
+        reading = threading.Thread(target=lambda: [source.read() for _ in range(10_000)])
+        reading.start()
+        time.sleep(4.0)
+        stop.set()
+        reading.join(2.0)
+        source.close()
+        connections = camera.connections
+    # then in 4 s it was reconnected a handful of times (backoff 0.25, 0.5, 1, 2 s), not
+    # as fast as it answers (147 times in 10 s before), and each time with the reason
+    assert 2 <= connections <= 7, connections
+    details = [c.detail for c in source.changes() if c.state.value == "reconnecting"]
+    assert details and all("a part of -5 bytes" in d and "retry in" in d for d in details)
+
+
+def test_jpeg_size_reads_the_frame_header_without_decoding() -> None:
+    assert jpeg_size(jpeg(64, 48)) == (64, 48)
+    assert jpeg_size(with_size(jpeg(), 9000, 9000)) == (9000, 9000)
+    assert jpeg_size(b"<html>") is None and jpeg_size(b"\xff\xd8\xff") is None
