@@ -24,7 +24,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from drivepercept.fleet import FleetOptions, run_fleet  # noqa: E402
-from drivepercept.fleet.drives import resolve_drives  # noqa: E402
+from drivepercept.fleet.drives import Drive, resolve_drives  # noqa: E402
 from drivepercept.fleet.scheduler import size_workers  # noqa: E402
 from drivepercept.run import RunOptions, run  # noqa: E402
 from drivepercept.sim.clip import simulate_clip  # noqa: E402
@@ -305,3 +305,33 @@ def test_bad_input_is_one_line(
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("drivepercept fleet: error: ") and says in line
+
+
+def test_drive_names_are_path_components_of_their_own(
+    drives: dict[str, Path], tmp_path: Path
+) -> None:
+    # given rig files whose stems are ".", "..", a hidden name and an ordinary one
+    folder = tmp_path / "rigs"
+    folder.mkdir()
+    rig = (drives["d1"] / "rig.toml").read_text()
+    for stem in ("..", ".", ".hidden", "plain"):
+        (folder / f"{stem}.toml").write_text(rig)
+    plan = resolve_drives([str(folder / f"{s}.toml") for s in ("..", ".", ".hidden", "plain")])
+    # then none is "." or "..", or hidden: each is a folder of its own under the fleet's
+    names = [d.name for d in plan]
+    assert names == ["drive", "drive_2", "hidden", "plain"], names
+    from drivepercept.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not starting with"):
+        Drive("..", folder, ("x",))
+
+
+def test_a_fifo_as_a_video_is_refused_in_one_line(tmp_path: Path) -> None:
+    import os
+
+    from drivepercept.sources.readers import SourceError, open_reader
+
+    fifo = tmp_path / "front.mp4"
+    os.mkfifo(fifo)
+    with pytest.raises(SourceError, match=r"a pipe, socket or device"):
+        open_reader(fifo)

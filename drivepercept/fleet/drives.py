@@ -38,9 +38,11 @@ class Drive:
     ground_truth: Path | None = None
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name) or self.name.startswith("_"):
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name) or self.name.startswith(("_", ".")):
+            # "." and ".." would be the fleet's folder and its parent
             raise ConfigError(
-                f"drive name must be letters, digits, '.', '_', '-', got {self.name!r}"
+                "drive name must be letters, digits, '.', '_', '-', not starting with '.' or "
+                f"'_', got {self.name!r}"
             )
         if not self.sources:
             raise ConfigError(f"drive {self.name}: no source")
@@ -72,7 +74,9 @@ def _drive_name(path: Path) -> str:
         base = path.parent.resolve().name
     else:
         base = path.stem if path.is_file() else path.resolve().name
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("_") or "drive"
+    # a path component of its own: no "." or ".." (the fleet's folder, its parent), no
+    # hidden folder
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", base).lstrip("._").rstrip("_") or "drive"
 
 
 def _drive(path: Path, name: str) -> Drive:

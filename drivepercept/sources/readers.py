@@ -126,6 +126,8 @@ class VideoReader:
                 raise SourceError(f"video not found: {p}")
             if p.is_dir():
                 raise SourceError(f"expected a video file, got a folder: {p}")
+            if not p.is_file():  # opening a FIFO would wait for a writer, forever
+                raise SourceError(f"expected a video file, got {p} (a pipe, socket or device)")
         self._cap = cv2.VideoCapture(self.path, cv2.CAP_FFMPEG)
         if not self._cap.isOpened():
             self._cap.release()
