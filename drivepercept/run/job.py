@@ -83,6 +83,13 @@ class RunResult:
         if self.failed_cameras:
             names = ", ".join(self.failed_cameras)
             return f"camera(s) failed for good: {names} (the others ran; see {self.run_dir})"
+        damaged = [c for c in self.stats.cameras if c.undecodable]
+        if damaged:
+            what = ", ".join(f"{c.name}: {c.undecodable}" for c in damaged)
+            return (
+                f"undecodable frames skipped in damaged video(s) ({what}); every frame after "
+                f"them that decodes was processed, see {self.run_dir}"
+            )
         if self.short_cameras and not self.stats.interrupted:
             what = ", ".join(
                 f"{c.name} after {c.frames} frames ({c.short_by} missing)"

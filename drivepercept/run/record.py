@@ -101,6 +101,7 @@ def stats_summary(stats: RunStats) -> dict[str, Any]:
                 "dropped": c.dropped,
                 "fps": round(c.fps, 3),
                 "frames_missing_from_source": c.short_by,
+                "frames_undecodable": c.undecodable,
                 "discarded_at_stop": c.discarded,
                 "frames_read": c.read,
                 "frames_decoded": c.decoded,

@@ -141,6 +141,7 @@ class DecoderThread:
         self.counts = FrameCounts()
         self.frames_read = 0
         self.short_by = 0  # frames announced by the container but not decodable
+        self.undecodable = 0  # frames skipped in the middle because they did not decode
         self.error: BaseException | None = None  # what ended it, if it failed
         self.thread = threading.Thread(target=self._run, name=f"decode-{camera}", daemon=True)
 
@@ -186,13 +187,14 @@ class DecoderThread:
                 if self.max_frames and self.frames_read >= self.max_frames:
                     break
                 got = self.reader.read()
+                self.undecodable = int(getattr(self.reader, "undecodable", 0))
                 if got is None:
                     expected = self.reader.info.frame_count
                     # a source stopped on purpose (duration, Ctrl-C) is not short
                     stopped = self.stop.is_set() or self.max_frames
-                    missing = expected - self.frames_read
+                    missing = expected - self.frames_read - self.undecodable
                     if expected > 0 and missing > header_slack(expected) and not stopped:
-                        self.short_by = expected - self.frames_read
+                        self.short_by = missing
                         log.info(
                             "camera %s ended after %d of %d frames (truncated file?)",
                             self.camera,

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
 DEFAULT_FOLDER_FPS = 10.0
+MAX_SKIPPED = 64  # failed reads in a row a video is tried past before it counts as ended
 
 
 class SourceError(DrivePerceptError):
@@ -151,14 +152,30 @@ class VideoReader:
             count if count > 0 else -1,
         )
         self._index = 0
+        self.undecodable = 0  # frames skipped because they did not decode
         self._state = _FileState()
 
     def read(self) -> RawFrame | None:
+        """The next decodable frame. A damaged stretch (a packet the decoder cannot use)
+        fails a read or a few in the middle of a file: they are tried past, up to
+        `MAX_SKIPPED` in a row or the frames the container announces, and counted in
+        `undecodable` once a later frame decodes (failures at the end are the end)."""
         started_ns = time.monotonic_ns()
         ok, raw = self._cap.read()
-        if not ok or raw is None:
-            self._state.ended = True
-            return None
+        failed = 0
+        while not ok or raw is None:
+            failed += 1
+            left = self.info.frame_count - self._index - self.undecodable - failed
+            if failed > MAX_SKIPPED or (self.info.frame_count > 0 and left <= 0):
+                self._state.ended = True
+                return None
+            ok, raw = self._cap.read()
+        if failed:
+            self.undecodable += failed
+            log.warning(
+                "%s: %d undecodable frame(s) skipped before frame %d",
+                self.path, failed, self._index + self.undecodable,
+            )  # fmt: skip
         image: ImageU8 = np.asarray(raw, dtype=np.uint8)
         pos_ms = self._cap.get(cv2.CAP_PROP_POS_MSEC)
         pts = pos_ms / 1000.0 if pos_ms > 0 or self._index == 0 else self._index / self.info.fps

@@ -31,6 +31,7 @@ class CameraStats:
     fps: float  # frames over the camera's own span, first capture to last emission
     latency_ms: dict[str, float]  # p50 / p95 / p99 (within 1 %) / max end-to-end
     short_by: int = 0  # frames its container announced that could not be decoded
+    undecodable: int = 0  # frames skipped mid-video (damaged), the later ones read
     discarded: int = 0  # read, neither emitted nor dropped: still in flight at a hard stop
     read: int = 0  # frames read from the source; of them, decoded and prepared for the model
     decoded: int = 0

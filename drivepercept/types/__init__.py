@@ -103,6 +103,7 @@ class CameraSnapshot:
         decoded, prepared: of those, frames decoded and prepared for the model (live: only
             the frames used are, where the source allows it; replay: every frame).
         short_by: frames its container announced that could not be decoded.
+        undecodable: frames skipped in the middle of its video (damaged), later ones read.
         discarded: read, neither emitted nor dropped: in flight when the run stopped.
         reader: the reader's own status (connects, down time, state changes).
     """
@@ -118,6 +119,7 @@ class CameraSnapshot:
     discarded: int
     reader: ReaderStatus
     decoded: int = 0
+    undecodable: int = 0
     prepared: int = 0
 
 
