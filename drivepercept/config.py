@@ -30,6 +30,8 @@ def _check_types(settings: object) -> None:
         value = getattr(settings, f.name)
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise ConfigError(f"{f.name} must be {what}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # TOML has inf and nan
+            raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)

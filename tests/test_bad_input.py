@@ -239,6 +239,8 @@ CLI_CASES = [
     # replay: settings and flags
     case("replay-cuda-7", "replay {d}/tiny.avi {replay} --device cuda:7", 2, CUDA_7),
     case("replay-device-tpu", "replay {d}/tiny.avi {replay} --device tpu", 2, "device must be", "'tpu'"),
+    case("replay-timeout-nan", "replay {d}/tiny.avi {replay} --batch-timeout-ms nan", 2, "expected a finite number", "'nan'"),
+    case("live-linger-inf", "live {d}/tiny.avi {replay} --metrics-linger-s inf", 2, "expected a finite number", "'inf'"),
     case("replay-precision", "replay {d}/tiny.avi {replay} --precision fp8", 2, "precision", "'fp8'"),
     case("replay-cpu-lanes", "replay {d}/tiny.avi {replay} --cpu-lanes -1", 2, "cpu_lanes must be 0", "-1"),
     case("replay-score", "replay {d}/tiny.avi {replay} --score-threshold 2", 2, "score_threshold", "got 2"),
@@ -364,8 +366,8 @@ CLI_CASES = [
     # simulate
     case("simulate-cameras", "simulate --out {d}/sim --cameras 13", 2, "camera count", "got 13"),
     case("simulate-huge-size", "simulate --out {d}/sim --size 99999x99999", 2, "frame size", "99999x99999"),
-    case("simulate-fps-nan", "simulate --out {d}/sim --fps nan", 2, "fps must be > 0", "nan"),
-    case("simulate-seconds-inf", "simulate --out {d}/sim --seconds inf", 2, "seconds must be > 0", "inf"),
+    case("simulate-fps-nan", "simulate --out {d}/sim --fps nan", 2, "--fps: expected a finite number", "nan"),
+    case("simulate-seconds-inf", "simulate --out {d}/sim --seconds inf", 2, "--seconds: expected a finite number", "inf"),
     case("simulate-seed", "simulate --out {d}/sim --seed -1", 2, "seed", "got -1"),
     case("simulate-out-is-a-file", "simulate --out {d}/tiny.avi --seconds 0.2", 2, "cannot create output folder", "{d}/tiny.avi"),
 ]
@@ -445,6 +447,8 @@ API_CASES = [
     pytest.param(lambda d: _options(d, settings={"scor_threshold": 0.5}), ConfigError, ("unknown pipeline settings", "'scor_threshold'"), id="options-unknown-setting"),
     pytest.param(lambda d: _options(d, settings={"score_threshold": "high"}), ConfigError, ("score_threshold must be a number", "'high'"), id="options-setting-type"),
     pytest.param(lambda d: _options(d, settings={"queue_capacity": True}), ConfigError, ("queue_capacity must be an integer", "True"), id="options-setting-bool"),
+    pytest.param(lambda d: _options(d, settings={"batch_timeout_ms": float("inf")}).pipeline(), ConfigError, ("batch_timeout_ms must be a finite number", "inf"), id="options-setting-inf"),
+    pytest.param(lambda d: _options(d, metrics_linger_s=float("inf")), ConfigError, ("metrics linger", "inf"), id="options-linger-inf"),
     pytest.param(lambda d: _options(d, weights=5), ConfigError, ("weights must be", "got 5"), id="options-weights-type"),
     pytest.param(lambda d: _options(d, input_size="huge"), ConfigError, ("WIDTHxHEIGHT", "'huge'"), id="options-input-size"),
     pytest.param(lambda d: _options(d, runtime="tensorrt"), ConfigError, ("runtime must be one of", "'tensorrt'"), id="options-runtime"),

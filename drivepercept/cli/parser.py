@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -12,6 +13,19 @@ from drivepercept.run.options import DEFAULT_MODEL
 from drivepercept.run.quantize import FORMATS as QUANT_FORMATS
 
 EXIT_USAGE = 2
+
+
+def real(text: str) -> float:
+    """A number flag's value: `float`'s reading, without inf and nan (which `float` takes and
+    no setting means)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
 
 EXAMPLES = {
     "simulate": """
@@ -111,7 +125,7 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ),
         ("--onnx-cache", Path, "cached exports of --runtime auto (~/.cache/drivepercept/onnx)"),
         ("--device", str, "auto, cpu, cuda or cuda:N (default auto)"),
-        ("--batch-timeout-ms", float, "partial batch after this wait (default 20)"),
+        ("--batch-timeout-ms", real, "partial batch after this wait (default 20)"),
         ("--precision", str, "fp32, fp16 or bf16 (default fp32)"),
         ("--channels-last", "switch", "NHWC memory format for the model (default on)"),
         ("--warmup", "switch", "a full and a one-frame batch before capture (default on)"),
@@ -119,11 +133,11 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ("--cuda-graphs", "switch", "replay the full batch as one CUDA graph (default off)"),
         ("--torch-threads", int, "the model's threads, torch or ORT (default 0: one per core)"),
         ("--cpu-lanes", int, "CPU: sub-batches run at once (default 0: one per torch thread)"),
-        ("--score-threshold", float, "default 0.3"),
+        ("--score-threshold", real, "default 0.3"),
         ("--queue-capacity", int, "frames waiting per camera (default 4; live 1)"),
         ("--max-frames", int, "stop each camera after N frames"),
-        ("--sample-hz", float, "GPU/CPU load samples per second, 0 = off (default 10)"),
-        ("--drain-timeout-s", float, "after a stop, frames in flight may take this long (10)"),
+        ("--sample-hz", real, "GPU/CPU load samples per second, 0 = off (default 10)"),
+        ("--drain-timeout-s", real, "after a stop, frames in flight may take this long (10)"),
         ("--no-progress", "store_true", "no progress bar"),
     )
 
@@ -135,17 +149,17 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         ("--name", str, "run folder name (default <mode>-<date>-<time>)"),
         ("--save-video", "const", "also write annotated videos, one per camera"),
         ("--mosaic", "const", "with --save-video: one tiled video of all cameras"),
-        ("--budget-ms", float, "latency budget of the report's deadline misses (default 100)"),
+        ("--budget-ms", real, "latency budget of the report's deadline misses (default 100)"),
         ("--report", str, "report files: html,json,csv,trace (default all)"),
-        ("--duration", float, "stop after this many seconds"),
+        ("--duration", real, "stop after this many seconds"),
         ("--show", "store_true", "a live window with every camera (q to stop)"),
         ("--metrics-port", int, "serve Prometheus metrics on http://127.0.0.1:PORT/metrics"),
-        ("--metrics-linger-s", float, "keep /metrics up this long after the run (default 0)"),
-        ("--reconnect-initial-s", float, "live: first wait before reconnecting (0.25)"),
-        ("--reconnect-max-s", float, "live: longest wait between attempts (4)"),
+        ("--metrics-linger-s", real, "keep /metrics up this long after the run (default 0)"),
+        ("--reconnect-initial-s", real, "live: first wait before reconnecting (0.25)"),
+        ("--reconnect-max-s", real, "live: longest wait between attempts (4)"),
         ("--reconnect-attempts", int, "live: failures in a row before giving up, 0 = never (8)"),
-        ("--open-timeout-s", float, "live: how long one connection attempt may take (5)"),
-        ("--read-timeout-s", float, "live: a stream silent this long is lost (2)"),
+        ("--open-timeout-s", real, "live: how long one connection attempt may take (5)"),
+        ("--read-timeout-s", real, "live: a stream silent this long is lost (2)"),
     )
     p.add_argument("--no-report", dest="report", action="store_const", const="", help="no report")
 
@@ -173,8 +187,8 @@ def build_parser() -> Parser:
     sim = command("simulate", "render a synthetic multi-camera drive with exact ground truth")
     sim.add_argument("--out", required=True, type=Path, help="output folder (created)")
     sim.add_argument("--cameras", type=int, default=6, help="1-12 (6: nuScenes layout)")
-    sim.add_argument("--seconds", type=float, default=8.0, help="clip length (default 8)")
-    sim.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
+    sim.add_argument("--seconds", type=real, default=8.0, help="clip length (default 8)")
+    sim.add_argument("--fps", type=real, default=15.0, help="frames per second (default 15)")
     sim.add_argument("--size", default="640x360", help="WIDTHxHEIGHT, even (default 640x360)")
     sim.add_argument("--seed", type=int, default=0, help="world seed (default 0)")
     sim.add_argument("--no-noise", action="store_true", help="no sensor noise and blur")
@@ -190,11 +204,11 @@ def build_parser() -> Parser:
         fle,
         ("--address", str, "auto or ray://HOST:PORT: join a cluster (default: start one here)"),
         ("--workers", int, "at most this many workers (default: as resources allow)"),
-        ("--cpus-per-worker", float, "CPUs each worker asks for (default 1)"),
-        ("--gpus-per-worker", float, "GPUs each worker asks for (default 1 if GPUs, else 0)"),
+        ("--cpus-per-worker", real, "CPUs each worker asks for (default 1)"),
+        ("--gpus-per-worker", real, "GPUs each worker asks for (default 1 if GPUs, else 0)"),
         ("--max-retries", int, "retries of a drive whose worker died (default 2)"),
         ("--resume", "store_true", "skip drives already complete with the same options"),
-        ("--budget-ms", float, "latency budget of the reports' deadline misses (default 100)"),
+        ("--budget-ms", real, "latency budget of the reports' deadline misses (default 100)"),
         ("--report", str, "each drive's report files: html,json,csv,trace (default all)"),
         ("--save-video", "const", "also write annotated videos, one per camera"),
     )
@@ -213,8 +227,8 @@ def build_parser() -> Parser:
         ("--out", Path, "folder for run folders (default runs/)"),
         ("--name", str, "run folder name (default eval-<date>-<time>)"),
     )
-    ev.add_argument("--min-visibility", type=float, default=0.3, help="(default 0.3)")
-    ev.add_argument("--min-height-px", type=float, default=12.0, help="(default 12)")
+    ev.add_argument("--min-visibility", type=real, default=0.3, help="(default 0.3)")
+    ev.add_argument("--min-height-px", type=real, default=12.0, help="(default 12)")
 
     ben = command("bench", "model ceiling, pipeline, naive loop, live cameras, capacity, sweep")
     _model_args(ben)
@@ -227,9 +241,9 @@ def build_parser() -> Parser:
     ben.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     _flags(
         ben,
-        ("--fps", float, "live, capacity, sweep: each camera's frame rate (rig's; 30; 15)"),
-        ("--duration", float, "live: seconds measured (15); capacity: per step (10); sweep (5)"),
-        ("--budget-ms", float, "capacity: the p99 latency budget (default 100)"),
+        ("--fps", real, "live, capacity, sweep: each camera's frame rate (rig's; 30; 15)"),
+        ("--duration", real, "live: seconds measured (15); capacity: per step (10); sweep (5)"),
+        ("--budget-ms", real, "capacity: the p99 latency budget (default 100)"),
         ("--size", str, "capacity, sweep: cameras' WIDTHxHEIGHT (default 640x360)"),
         ("--json", Path, "also write the figures and the machine to this file"),
         ("--precisions", str, "sweep: e.g. fp32,bf16 (default: CPU fp32,bf16; CUDA +fp16)"),
@@ -241,12 +255,12 @@ def build_parser() -> Parser:
     srv = command("serve-cameras", "serve videos as live MJPEG cameras on 127.0.0.1 (tests)")
     srv.add_argument("sources", nargs="+", metavar="SOURCE", help="rig.toml, videos, folders")
     srv.add_argument("--port", type=int, default=8554, help="TCP port (default 8554; 0 = any)")
-    srv.add_argument("--fps", type=float, help="frames per second (default: each file's own)")
+    srv.add_argument("--fps", type=real, help="frames per second (default: each file's own)")
 
     rpt = command("report", "latency report of a run folder (HTML, JSON, CSV, trace)")
     rpt.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder (runs/<name>)")
     rpt.add_argument("--format", dest="report", default="html,json,csv,trace", help="(all)")
-    rpt.add_argument("--budget-ms", type=float, default=100.0, help="deadline (default 100)")
+    rpt.add_argument("--budget-ms", type=real, default=100.0, help="deadline (default 100)")
     rpt.add_argument("--compare", type=Path, metavar="RUN_B", help="compare with RUN_B (B / A)")
 
     exp = command("export", "write a model as ONNX, with its sidecar TOML beside it")

@@ -262,7 +262,7 @@ class RunOptions:
             raise ConfigError(f"duration must be > 0 s, got {self.duration_s:g}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be 0..65535, got {self.metrics_port}")
-        if not self.metrics_linger_s >= 0:
+        if not (math.isfinite(self.metrics_linger_s) and self.metrics_linger_s >= 0):
             raise ConfigError(f"metrics linger must be >= 0 s, got {self.metrics_linger_s:g}")
         if not (math.isfinite(self.budget_ms) and self.budget_ms > 0):
             raise ConfigError(f"budget must be > 0 ms, got {self.budget_ms:g}")
