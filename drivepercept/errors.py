@@ -14,6 +14,7 @@ import re
 # scheme://USERINFO@host: the userinfo runs to the authority's last "@" (a password may hold
 # "@", ":" or anything but the path, query and fragment delimiters)
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # a query or form parameter: its key, then its value up to the next separator
 _PARAMETER = re.compile(r"(?P<key>[?&;](?P<name>[^=?&;#\s]*)=)[^&;#\s\"'<>]*")
 # a key that names a secret, whatever its case and separators (auth_token, access-token,
@@ -37,11 +38,12 @@ def _hide_secret_value(match: re.Match[str]) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """A handler filter that redacts every record's message (arguments merged in first)."""
+    """A handler filter that redacts every record's message (arguments merged in first) and
+    shows its control characters escaped (`printable`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        clean = redact(message)
+        clean = printable(redact(message))
         if clean != message:
             record.msg, record.args = clean, ()
         return True
@@ -82,7 +84,15 @@ class ModelError(DrivePerceptError):
     """A model cannot be built or its weights cannot be loaded."""
 
 
+def printable(text: str) -> str:
+    """`text` with its control characters (terminal escape sequences, carriage returns,
+    newlines, ...) shown as `\\xNN`: a file or camera name cannot move the cursor, retitle
+    the terminal or forge a log line."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def one_line(text: str, *, limit: int = 400) -> str:
-    """Collapse whitespace and newlines, and cut to `limit` characters (for error lines)."""
-    flat = " ".join(str(text).split())
+    """Collapse whitespace and newlines, show other control characters escaped, and cut to
+    `limit` characters (for error lines)."""
+    flat = printable(" ".join(str(text).split()))
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."

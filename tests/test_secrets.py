@@ -182,3 +182,32 @@ def test_servers_listen_on_loopback_only(server: CameraServer) -> None:
         assert exporter._server.server_address[0] == "127.0.0.1"
     finally:
         exporter.close()
+
+
+def test_control_characters_in_a_file_name_reach_stderr_escaped(tmp_path: Path) -> None:
+    # given a "video" whose name would retitle the terminal, clear the screen and forge a
+    # log line, and an image folder with an undecodable image so named (a logged warning)
+    name = "a\x1b]0;PWNED\x07b\x1b[2J\nWARNING forged.mp4"
+    (tmp_path / name).write_text("not a video")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    import shutil
+
+    import cv2
+    import numpy as np
+
+    cv2.imwrite(str(folder / "000.png"), np.zeros((48, 64, 3), np.uint8))
+    shutil.copy(folder / "000.png", folder / "002.png")
+    (folder / f"001{name[:-4]}.png").write_bytes(b"not a png")
+    for source, code in ((tmp_path / name, 2), (folder, 0)):
+        proc = subprocess.run(
+            [sys.executable, "-m", "drivepercept", "replay", str(source), "--model",
+             "drivepercept-tiny", "--out", str(tmp_path / "runs"), "--no-progress",
+             "--no-report"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        # then no control character reaches stderr raw, and the name is there, escaped
+        assert proc.returncode == code, proc.stderr
+        assert not any(c in proc.stderr for c in "\x1b\x07"), proc.stderr
+        assert "\\x1b]0;PWNED\\x07" in proc.stderr, proc.stderr
+        assert "\nWARNING forged" not in proc.stderr
