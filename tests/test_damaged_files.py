@@ -57,11 +57,46 @@ def test_a_damaged_clip_replays_every_frame_opencv_can_decode(
     # then every decodable frame was processed, the skipped ones counted, and the run says so
     assert code == 3, err
     lines = [line for line in err.splitlines() if line.startswith("drivepercept")]
-    assert (
-        len(lines) == 1
-        and f"undecodable frames skipped in damaged video(s) (damaged: {skipped})" in lines[0]
-    ), err
+    said = f"undecodable frames skipped (damaged: {skipped})"
+    assert len(lines) == 1 and said in lines[0], err
     record = json.loads((tmp_path / "d" / "run.json").read_text())
     cam = record["summary"]["cameras"]["damaged"]
     assert cam["frames"] == decodable and cam["frames_undecodable"] == skipped
     assert cam["frames_missing_from_source"] == 0
+
+
+def test_an_image_folder_skips_and_counts_what_it_cannot_use(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from drivepercept.sources.readers import ImageFolderReader
+
+    # given a folder whose later entries are an undecodable file, a PNG claiming 9000x9000
+    # and a directory named like an image, between good images
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("000.png", "002.png", "005.png"):
+        cv2.imwrite(str(folder / name), np.zeros((48, 64, 3), np.uint8))
+    (folder / "001.png").write_bytes(b"not a png")
+    huge = bytearray((folder / "000.png").read_bytes())
+    huge[16:24] = (9000).to_bytes(4, "big") * 2  # the IHDR's width and height
+    (folder / "003.png").write_bytes(bytes(huge))
+    (folder / "004.png").mkdir()
+    # then the reader gives the three good images, skipping two and not counting the folder
+    reader = ImageFolderReader(folder)
+    got = []
+    while (frame := reader.read()) is not None:
+        got.append(frame.image_bgr.shape)
+    assert got == [(48, 64, 3)] * 3 and reader.undecodable == 2
+    # and a replay says so, exit 3 ("004.png" the folder is not an entry: a first entry like it
+    # is skipped too, rather than failing the run)
+    code, err = in_process(
+        ["replay", str(folder), "--model", "drivepercept-tiny", "--out", str(tmp_path),
+         "--no-progress", "--no-report"]
+    )  # fmt: skip
+    assert code == 3 and "undecodable frames skipped (images: 2)" in err, err
+    for name in ("000.png", "001.png"):
+        (folder / name).unlink()
+    (folder / "0000.png").mkdir()
+    assert ImageFolderReader(folder).info.width == 64  # 002.png is first now

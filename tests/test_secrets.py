@@ -199,7 +199,7 @@ def test_control_characters_in_a_file_name_reach_stderr_escaped(tmp_path: Path) 
     cv2.imwrite(str(folder / "000.png"), np.zeros((48, 64, 3), np.uint8))
     shutil.copy(folder / "000.png", folder / "002.png")
     (folder / f"001{name[:-4]}.png").write_bytes(b"not a png")
-    for source, code in ((tmp_path / name, 2), (folder, 0)):
+    for source, code in ((tmp_path / name, 2), (folder, 3)):
         proc = subprocess.run(
             [sys.executable, "-m", "drivepercept", "replay", str(source), "--model",
              "drivepercept-tiny", "--out", str(tmp_path / "runs"), "--no-progress",

@@ -87,8 +87,8 @@ class RunResult:
         if damaged:
             what = ", ".join(f"{c.name}: {c.undecodable}" for c in damaged)
             return (
-                f"undecodable frames skipped in damaged video(s) ({what}); every frame after "
-                f"them that decodes was processed, see {self.run_dir}"
+                f"undecodable frames skipped ({what}); every other frame that decodes was "
+                f"processed, see {self.run_dir}"
             )
         if self.short_cameras and not self.stats.interrupted:
             what = ", ".join(

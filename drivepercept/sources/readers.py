@@ -192,11 +192,31 @@ class VideoReader:
 def image_files(folder: Path) -> list[Path]:
     """The images of a folder in the order `ImageFolderReader` reads them (name order); frame
     k of the reader is entry k (eval matches labels to frames by this)."""
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def header_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) from a PNG's or JPEG's header, read without decoding; None for other
+    formats or a header that does not say."""
+    from drivepercept.sources.mjpeg import jpeg_size
+
+    try:
+        with path.open("rb") as f:
+            head = f.read(24)
+            if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
+                return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+            if head[:2] == b"\xff\xd8":
+                return jpeg_size(head + f.read(1 << 20))
+    except OSError:
+        return None
+    return None
 
 
 class ImageFolderReader:
-    """Images in a folder, in name order, at a nominal frame rate."""
+    """Images in a folder, in name order, at a nominal frame rate. An image that does not
+    decode, or is larger than `MAX_SIZE_PX` a side (PNG and JPEG: read from the header,
+    before decoding), is skipped with a warning and counted (`undecodable`); the first image
+    must be good (it gives the size)."""
 
     def __init__(self, folder: str | Path, *, fps: float | None = None) -> None:
         self.folder = Path(folder)
@@ -205,6 +225,9 @@ class ImageFolderReader:
         self._files = image_files(self.folder)
         if not self._files:
             raise SourceError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in {self.folder}")
+        size = header_size(self._files[0])
+        if size is not None and max(size) > MAX_SIZE_PX:
+            raise SourceError(_too_large(self._files[0], size[0], size[1]))
         first = cv2.imread(str(self._files[0]), cv2.IMREAD_COLOR)
         if first is None:
             raise SourceError(f"cannot decode image {self._files[0]}")
@@ -214,6 +237,7 @@ class ImageFolderReader:
             first.shape[1], first.shape[0], fps or DEFAULT_FOLDER_FPS, len(self._files)
         )
         self._index = 0
+        self.undecodable = 0  # images skipped: undecodable or too large
         self._state = _FileState()
 
     def read(self) -> RawFrame | None:
@@ -221,9 +245,15 @@ class ImageFolderReader:
             started_ns = time.monotonic_ns()
             path = self._files[self._index]
             self._index += 1
+            size = header_size(path)
+            if size is not None and max(size) > MAX_SIZE_PX:
+                self.undecodable += 1
+                log.warning("skipping %s: %dx%d pixels, over %d a side", path, *size, MAX_SIZE_PX)
+                continue
             raw = cv2.imread(str(path), cv2.IMREAD_COLOR)
-            if raw is None:
-                log.warning("skipping undecodable image %s", path)
+            if raw is None or max(raw.shape[:2]) > MAX_SIZE_PX:
+                self.undecodable += 1
+                log.warning("skipping undecodable or too large image %s", path)
                 continue
             image: ImageU8 = np.asarray(raw, dtype=np.uint8)
             return RawFrame(image, (self._index - 1) / self.info.fps, started_ns)
