@@ -69,6 +69,7 @@ class Batcher:
         self.batches = 0
         self.partial_batches = 0
         self.failed_frames = 0  # deferred frames that could not be prepared (corrupt)
+        self.failed_by_camera: dict[int, int] = {}  # the same, per camera index
         self._pool: ThreadPoolExecutor | None = None
         self._prepare_ema_ns = 0.0  # how long preparing a batch of deferred frames takes
         self.error: BaseException | None = None
@@ -169,9 +170,11 @@ class Batcher:
         took, ema = time.monotonic_ns() - started, self._prepare_ema_ns
         self._prepare_ema_ns = took if ema == 0 else 0.5 * (ema + took)
         metas: list[FrameMeta] = []
-        for k, (meta, (_, queued_ns)) in enumerate(zip(done, taken, strict=True)):
+        for k, (meta, (frame, queued_ns)) in enumerate(zip(done, taken, strict=True)):
             if meta is None:
                 self.failed_frames += 1
+                index = frame.camera_index
+                self.failed_by_camera[index] = self.failed_by_camera.get(index, 0) + 1
                 continue
             if len(metas) != k:  # a frame before this one failed: close the gap
                 np.copyto(rows[len(metas)], rows[k])

@@ -238,7 +238,9 @@ class Pipeline:
     def _snapshots(self, figures: Sequence[CameraFigures]) -> tuple[CameraSnapshot, ...]:
         dropped = self.queues.dropped()
         out = []
+        corrupt = dict(self.batcher.failed_by_camera)  # frames left out of their batch
         for i, d in enumerate(self.decoders):
+            left_out = corrupt.get(d.camera_index, 0)
             reader = d.reader.status()
             state = reader.state
             if state is CameraState.STREAMING and d.thread.ident and not d.thread.is_alive():
@@ -257,8 +259,8 @@ class Pipeline:
                     p95_ms=figures[i].recent_p95_ms,
                     read=d.frames_read,
                     short_by=d.short_by,
-                    undecodable=d.undecodable,
-                    discarded=max(0, d.frames_read - figures[i].frames - dropped[i]),
+                    undecodable=d.undecodable + left_out,
+                    discarded=max(0, d.frames_read - figures[i].frames - dropped[i] - left_out),
                     reader=reader,
                     decoded=d.counts.decoded,
                     prepared=d.counts.prepared,

@@ -8,7 +8,9 @@ header and, unless it says otherwise, one valid JPEG part, then misbehaves:
 - `negative_length`: parts announcing `Content-Length: -5`;
 - `huge_part`: a part announcing 50 MB;
 - `huge_dims`: a part whose JPEG header says 9000x9000;
-- `not_jpeg`: a part of `text/html`.
+- `not_jpeg`: a part of `text/html`;
+- `garbage_jpegs`: then parts of `image/jpeg` that hold no JPEG, 25 a second, and a good one
+  every tenth.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 MODES = (
     "endless_headers", "drip", "random", "negative_length", "huge_part", "huge_dims", "not_jpeg",
+    "garbage_jpegs",
 )  # fmt: skip
 BOUNDARY = b"frame"
 
@@ -140,6 +143,13 @@ class HostileCamera:
         while not self._stop.is_set():
             conn.sendall(_part(b"<html></html>", kind=b"text/html"))
             time.sleep(0.05)
+
+    def _garbage_jpegs(self, conn: socket.socket) -> None:
+        good, n = jpeg(), 0
+        while not self._stop.is_set():
+            n += 1
+            conn.sendall(_part(good if n % 10 == 0 else os.urandom(2000)))
+            time.sleep(0.04)
 
 
 @contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -132,3 +133,22 @@ def test_jpeg_size_reads_the_frame_header_without_decoding() -> None:
     assert jpeg_size(jpeg(64, 48)) == (64, 48)
     assert jpeg_size(with_size(jpeg(), 9000, 9000)) == (9000, 9000)
     assert jpeg_size(b"<html>") is None and jpeg_size(b"\xff\xd8\xff") is None
+
+
+def test_a_live_camera_of_mostly_corrupt_frames_is_reported_and_exits_3(tmp_path: Path) -> None:
+    from drivepercept.models.oracle import make_oracle
+    from drivepercept.run import Mode, RunOptions, run
+
+    # given a camera whose frames are nine in ten not JPEGs at all
+    with hostile_camera("garbage_jpegs") as camera:
+        options = RunOptions(
+            sources=(f"cam={camera.url}",), mode=Mode.LIVE, model="oracle", weights=None,
+            settings={"device": "cpu", "sample_hz": 0.0}, out_root=tmp_path, name="live",
+            duration_s=3.0, reconnect=POLICY, report_formats=(),
+        )  # fmt: skip
+        result = run(options, detector=make_oracle(size=(64, 48), boxes=[[0, 0, 8, 8]]))
+    # then the corrupt frames are counted, and the run is a failure that says so (exit 3)
+    (cam,) = result.stats.cameras
+    assert cam.frames > 0 and cam.undecodable > cam.frames, cam
+    failure = result.failure()
+    assert failure is not None and f"undecodable frames skipped (cam: {cam.undecodable})" in failure

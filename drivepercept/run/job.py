@@ -83,7 +83,14 @@ class RunResult:
         if self.failed_cameras:
             names = ", ".join(self.failed_cameras)
             return f"camera(s) failed for good: {names} (the others ran; see {self.run_dir})"
-        damaged = [c for c in self.stats.cameras if c.undecodable]
+        # a file's skipped frames are all a failure; a live camera's corrupt frames (a glitch
+        # on the wire) are once they outnumber its good ones
+        live = self.record.mode == "live"
+        damaged = [
+            c
+            for c in self.stats.cameras
+            if c.undecodable and (not live or c.undecodable > c.frames)
+        ]
         if damaged:
             what = ", ".join(f"{c.name}: {c.undecodable}" for c in damaged)
             return (

@@ -207,6 +207,9 @@ class QueuedFrame(Protocol):
     @property
     def deferred(self) -> bool: ...
 
+    @property
+    def camera_index(self) -> int: ...
+
     def into(self, row: ImageU8) -> FrameMeta: ...
 
 
