@@ -127,6 +127,9 @@ def write_text(path: Path, text: str) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)  # a full disk leaves an empty one behind
         raise OutputError(f"cannot write {path}: {exc.strerror}") from None
+    except BaseException:  # an interrupt mid-write: no half file left under any name
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -287,3 +287,35 @@ def test_a_reader_whose_frames_change_size_gets_boxes_in_each_frames_own_pixels(
     size = (video.get(cv2.CAP_PROP_FRAME_WIDTH), video.get(cv2.CAP_PROP_FRAME_HEIGHT))
     assert size == (640, 360) and video.get(cv2.CAP_PROP_FRAME_COUNT) == 20
     video.release()
+
+
+@pytest.mark.integration
+def test_repeated_ctrl_c_is_still_an_interruption_and_leaves_whole_files(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    # given a replay of the sample rig, its frames flowing
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "drivepercept", "replay", str(SAMPLE / "rig.toml"),
+         "--out", str(tmp_path), "--name", "r", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    detections = tmp_path / "r" / "detections.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        not detections.exists() or detections.stat().st_size < 20_000
+    ):
+        time.sleep(0.05)
+    # when Ctrl-C comes three times in quick succession (the stop, its drain, the files)
+    for _ in range(3):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.15)
+    _, err = proc.communicate(timeout=60)
+    # then the run ends as interrupted, its record and report whole, no temporary left
+    assert proc.returncode == 130, err
+    record = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert record["status"] == "interrupted", record.get("error")
+    assert "KeyboardInterrupt" not in (record.get("error") or "")
+    assert (tmp_path / "r" / "report.html").is_file()
+    assert not list((tmp_path / "r").glob("*.tmp")), list((tmp_path / "r").iterdir())

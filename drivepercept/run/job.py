@@ -8,8 +8,10 @@ failed): run.json says which, and the latency report covers what was processed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -269,15 +271,20 @@ def _run(
         stats = pipeline.run(progress=progress, duration_s=options.duration_s)
     except BaseException as exc:
         pipeline.close()
-        why = one_line(f"{type(exc).__name__}: {exc}")
-        record = final_record(
-            record, pipeline, cams, readers, pipeline.stats(), status="failed", error=why
-        )
+        # a repeated Ctrl-C (or SIGTERM) that cut the stop short is still an interruption
+        stopped = isinstance(exc, KeyboardInterrupt)
+        why = None if stopped else one_line(f"{type(exc).__name__}: {exc}")
+        status = "interrupted" if stopped else "failed"
+        stats = pipeline.stats(interrupted=stopped)
+        record = final_record(record, pipeline, cams, readers, stats, status=status, error=why)
         try:
-            run_dir.write_record(record)
-            _report(run_dir, options)
+            with interrupts_deferred():
+                run_dir.write_record(record)
+                _report(run_dir, options)
         except Exception as report_exc:  # the run's own error is the one to report
             log.error("the record or report of the failed run was not written: %s", report_exc)
+        except KeyboardInterrupt:
+            pass  # the one being handled already ends the run
         raise
     snapshots = pipeline.cameras()
     failed = tuple(s.name for s in snapshots if s.state is CameraState.FAILED)
@@ -292,8 +299,9 @@ def _run(
         status = "failed"
         error = "no camera delivered a frame: " + "; ".join(_why(s) for s in snapshots)
     record = final_record(record, pipeline, cams, readers, stats, status=status, error=error)
-    run_dir.write_record(record)
-    report = _report(run_dir, options)
+    with interrupts_deferred():  # a Ctrl-C now takes effect once the files are whole
+        run_dir.write_record(record)
+        report = _report(run_dir, options)
     if options.metrics_port is not None and options.metrics_linger_s > 0:
         log.info("keeping /metrics up for %.1f s", options.metrics_linger_s)
         time.sleep(options.metrics_linger_s)
@@ -306,6 +314,27 @@ def _run(
         failed_cameras=failed,
         error=error,
     )
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Holds SIGINT and SIGTERM back while the block writes the run's last files (record,
+    report), then raises `KeyboardInterrupt` if one came: an interrupt never leaves them half
+    written. Only the main thread can do so; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: came.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if came:
+        log.warning("interrupted while writing the run's files: they were finished first")
+        raise KeyboardInterrupt
 
 
 def _why(snap: CameraSnapshot) -> str:
