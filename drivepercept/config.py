@@ -149,7 +149,10 @@ class ReconnectPolicy:
         max_attempts: failed attempts in a row before the camera is `failed` for good
             (0 = retry forever).
         open_timeout_s: how long one open of a network stream may take.
-        read_timeout_s: how long one read may block before the stream counts as lost.
+        read_timeout_s: how long one read may block before the stream counts as lost (an
+            MJPEG camera: how long one whole frame may take to arrive).
+        max_part_mb: the largest MJPEG part (one JPEG frame) accepted, in MiB; a larger
+            one ends the connection with the reason.
     """
 
     initial_s: float = 0.25
@@ -157,6 +160,7 @@ class ReconnectPolicy:
     max_attempts: int = 8
     open_timeout_s: float = 5.0
     read_timeout_s: float = 2.0
+    max_part_mb: float = 8.0
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -164,6 +168,8 @@ class ReconnectPolicy:
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 < value <= 3600.0):
                 raise ConfigError(f"reconnect {name} must be in (0, 3600] s, got {value:g}")
+        if not (math.isfinite(self.max_part_mb) and 0.0 < self.max_part_mb <= 1024.0):
+            raise ConfigError(f"max_part_mb must be in (0, 1024] MiB, got {self.max_part_mb:g}")
         if self.max_s < self.initial_s:
             raise ConfigError(
                 f"reconnect max_s ({self.max_s:g}) must be >= initial_s ({self.initial_s:g})"

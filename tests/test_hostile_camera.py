@@ -152,3 +152,18 @@ def test_a_live_camera_of_mostly_corrupt_frames_is_reported_and_exits_3(tmp_path
     assert cam.frames > 0 and cam.undecodable > cam.frames, cam
     failure = result.failure()
     assert failure is not None and f"undecodable frames skipped (cam: {cam.undecodable})" in failure
+
+
+def test_the_part_size_bound_is_a_setting() -> None:
+    from drivepercept.errors import ConfigError
+    from drivepercept.sim.serve import CameraServer
+
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "front.mp4"
+    small = ReconnectPolicy(open_timeout_s=2.0, max_part_mb=0.01)  # 10 KiB: below a frame
+    with CameraServer([("front", sample)], fps=15.0) as server:
+        with pytest.raises(SourceError, match=r"a part of \d+ bytes \(the limit is 10485\)"):
+            MjpegReader(server.url("front"), policy=small)
+        reader = MjpegReader(server.url("front"), policy=POLICY)  # 8 MiB: it streams
+        reader.close()
+    with pytest.raises(ConfigError, match="max_part_mb must be in"):
+        ReconnectPolicy(max_part_mb=0.0)

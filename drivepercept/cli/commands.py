@@ -30,6 +30,7 @@ RECONNECT = {
     "max_attempts": "reconnect_attempts",
     "open_timeout_s": "open_timeout_s",
     "read_timeout_s": "read_timeout_s",
+    "max_part_mb": "max_part_mb",
 }
 
 

@@ -160,6 +160,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         ("--reconnect-attempts", int, "live: failures in a row before giving up, 0 = never (8)"),
         ("--open-timeout-s", real, "live: how long one connection attempt may take (5)"),
         ("--read-timeout-s", real, "live: a stream silent this long is lost (2)"),
+        ("--max-part-mb", real, "live: the largest MJPEG frame accepted, MiB (8)"),
     )
     p.add_argument("--no-report", dest="report", action="store_const", const="", help="no report")
 

@@ -12,7 +12,7 @@ A response that is not a multipart stream (an MP4 or HLS URL, a snapshot page) r
 
 Nothing the camera sends is trusted (`bounded.py`): a part must arrive whole within
 `read_timeout_s` (the first within `open_timeout_s`), its header lines are at most
-`MAX_HEADER_LINE` bytes and `MAX_HEADERS` lines, its body at most `MAX_PART_BYTES`, its
+`MAX_HEADER_LINE` bytes and `MAX_HEADERS` lines, its body at most `max_part_mb`, its
 picture at most `MAX_SIZE_PX` a side (read from the JPEG header, before any decoding), and a
 stop ends a read within `bounded.SLICE_S`. A part that breaks a bound ends the connection with
 the reason (`last_error`), which the reconnect supervisor reports.
@@ -34,7 +34,7 @@ from drivepercept.sources.probe import basic_auth, camera_tls, http_phrase
 from drivepercept.sources.readers import RawFrame, SourceError, SourceInfo
 from drivepercept.types import CameraState, ReaderStatus
 
-MAX_PART_BYTES = 8 << 20  # a JPEG part larger than this is not a camera frame (8 MiB)
+MAX_PART_BYTES = 8 << 20  # the default bound of a part (`ReconnectPolicy.max_part_mb`)
 MAX_HEADER_LINE = 8192  # bytes in one header or boundary line
 MAX_HEADERS = 64  # header lines of one part
 _BOUNDARY_RE = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
@@ -64,6 +64,7 @@ class MjpegReader:
         self.source = url
         self.last_error = ""  # why the last read gave None (the supervisor's reason)
         self._read_timeout_s = policy.read_timeout_s
+        self._max_part = int(policy.max_part_mb * 2**20)
         parts = urlsplit(url)
         opened = time.monotonic()
         self._conn = _connection(parts, policy.open_timeout_s)
@@ -147,8 +148,8 @@ class MjpegReader:
                 if line.strip() == marker:
                     break
                 skipped += len(line)
-                if skipped > MAX_PART_BYTES:
-                    raise ValueError(f"no part boundary within {MAX_PART_BYTES} bytes")
+                if skipped > self._max_part:
+                    raise ValueError(f"no part boundary within {self._max_part} bytes")
         self._at_headers = False
         headers: dict[bytes, bytes] = {}
         while (line := body.readline(MAX_HEADER_LINE, deadline)) not in (b"\r\n", b"\n"):
@@ -163,8 +164,8 @@ class MjpegReader:
             raise ValueError("a part that is not a JPEG")
         if b"content-length" in headers:
             length = int(headers[b"content-length"])
-            if not 0 < length <= MAX_PART_BYTES:
-                raise ValueError(f"a part of {length} bytes (the limit is {MAX_PART_BYTES})")
+            if not 0 < length <= self._max_part:
+                raise ValueError(f"a part of {length} bytes (the limit is {self._max_part})")
             jpeg = body.read_exact(length, deadline)
             if len(jpeg) < length:
                 self.last_error = "the stream ended inside a part"
@@ -183,15 +184,15 @@ class MjpegReader:
     def _until_boundary(self, marker: bytes, deadline: float) -> bytes:
         """A part without Content-Length: its bytes up to the next boundary line."""
         data = bytearray()
-        while len(data) <= MAX_PART_BYTES:
-            line = self._body.readline(MAX_PART_BYTES, deadline)
+        while len(data) <= self._max_part:
+            line = self._body.readline(self._max_part, deadline)
             if not line:
                 raise ValueError("the stream ended inside a part")
             if line.strip() in (marker, marker + b"--"):  # the next part, or the last one
                 self._ended = line.strip() != marker
                 return bytes(data).removesuffix(b"\r\n")
             data += line
-        raise ValueError(f"a part over {MAX_PART_BYTES} bytes")
+        raise ValueError(f"a part over {self._max_part} bytes")
 
     def status(self) -> ReaderStatus:
         return ReaderStatus(CameraState.STREAMING, live=True)
