@@ -5,6 +5,9 @@ that opens and then fails at once is retried after a backoff, not as fast as it 
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -167,3 +170,61 @@ def test_the_part_size_bound_is_a_setting() -> None:
         reader.close()
     with pytest.raises(ConfigError, match="max_part_mb must be in"):
         ReconnectPolicy(max_part_mb=0.0)
+
+
+def _live_cli(url: str, out: Path, *flags: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "drivepercept", "live", "--model", "drivepercept-tiny",
+         f"--camera=cam={url}", "--out", str(out), "--name", "live", "--no-progress",
+         "--no-report", "--read-timeout-s", "1", "--open-timeout-s", "2", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _running(out: Path, timeout_s: float = 60.0) -> None:
+    """Waits until the run has started capture (run.json written)."""
+    deadline = time.monotonic() + timeout_s
+    while not (out / "live" / "run.json").exists():
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["drip", "endless_headers"])
+def test_ctrl_c_stops_a_live_run_held_up_by_the_camera_within_2_s(
+    mode: str, tmp_path: Path
+) -> None:
+    with hostile_camera(mode) as camera:
+        proc = _live_cli(camera.url, tmp_path, "--read-timeout-s", "30")
+        _running(tmp_path)
+        time.sleep(1.5)  # inside the misbehaving part
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    assert proc.returncode == 130, err
+    assert took < 2.0 + 1.0, took  # the 2 s stop, and the process's own exit
+    assert "did not stop" not in err, err
+
+
+@pytest.mark.slow
+def test_the_endless_header_camera_keeps_a_live_runs_memory_flat_for_30_s(
+    tmp_path: Path,
+) -> None:
+    # given a 30 s live run of the camera whose part headers never end
+    with hostile_camera("endless_headers") as camera:
+        proc = _live_cli(camera.url, tmp_path, "--duration", "30")
+        _running(tmp_path)
+        process = psutil.Process(proc.pid)
+        start = process.memory_info().rss
+        peak = start
+        while proc.poll() is None:
+            try:
+                peak = max(peak, process.memory_info().rss)
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.25)
+        _, err = proc.communicate(timeout=30)
+    # then its memory stayed within 100 MB of its start-of-capture figure (unbounded, it
+    # reached 1.5 GB in 40 s), and the camera was reported with the reason
+    assert peak - start < 100 << 20, (peak - start) / 2**20
+    assert f"more than {MAX_HEADERS} header lines" in err, err

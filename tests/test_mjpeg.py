@@ -19,7 +19,7 @@ from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.models.oracle import make_oracle
 from drivepercept.pipeline import Pipeline
 from drivepercept.sim.serve import CameraServer
-from drivepercept.sources.live import CaptureReader, open_live_reader
+from drivepercept.sources.capture import CaptureReader, open_live_reader
 from drivepercept.sources.mjpeg import MjpegReader, NotMjpegError
 from drivepercept.sources.prepare import prepare, prepare_into
 from drivepercept.sources.readers import RawFrame, SourceError

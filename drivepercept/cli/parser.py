@@ -108,21 +108,11 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ("--model", str, f"name or pkg.module:factory (default: rig's, else {DEFAULT_MODEL})"),
         ("--weights", str, "DEFAULT (bundled / downloaded), a .pth/.onnx path, or none"),
         ("--classes", str, "driving (COCO mapped onto driving classes, default) or all"),
-        (
-            "--input-size",
-            str,
-            "WxH YOLOX input, multiples of 32 (nano 512x288 on a CPU, 416x256 on a GPU or "
-            "--runtime torch; tiny 416x256; else 640x384)",
-        ),
+        ("--input-size", str, "WxH, x32 (nano 512x288 on CPU, else 416x256; s-x 640x384)"),
         ("--onnx-layout", str, ".onnx model: yolox, yolov8 or end2end (over its sidecar)"),
         ("--onnx-batch", str, ".onnx batch-1 export: loop over a batch or refuse (sidecar's)"),
         ("--trt-cache", Path, ".onnx on TensorRT: engine cache folder (<stem>.trt-cache)"),
-        (
-            "--runtime",
-            str,
-            "auto (default: ORT for exportable models on CPU, OpenVINO for bf16 there), torch, "
-            "onnxruntime, openvino",
-        ),
+        ("--runtime", str, "auto (ORT on CPU, OpenVINO for bf16), torch, onnxruntime, openvino"),
         ("--onnx-cache", Path, "cached exports of --runtime auto (~/.cache/drivepercept/onnx)"),
         ("--device", str, "auto, cpu, cuda or cuda:N (default auto)"),
         ("--batch-timeout-ms", real, "partial batch after this wait (default 20)"),
@@ -278,17 +268,6 @@ def build_parser() -> Parser:
     qua.add_argument("--frames", type=int, default=96, help="calibration frames (default 96)")
     qua.add_argument("--input", help="WxH, for a model whose input size is dynamic")
     qua.add_argument("--out", type=Path, help="the INT8 .onnx file (default <stem>_int8.onnx)")
-    qua.add_argument(
-        "--format",
-        dest="quant_format",
-        default="qdq",
-        choices=tuple(QUANT_FORMATS),
-        help="the INT8 graph: QuantizeLinear/DequantizeLinear pairs (qdq, default) or "
-        "integer operators (qoperator)",
-    )
-    qua.add_argument(
-        "--per-tensor",
-        action="store_true",
-        help="one weight scale per tensor instead of per output channel",
-    )
+    qua.add_argument("--format", dest="quant_format", default="qdq", choices=tuple(QUANT_FORMATS))
+    qua.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor")
     return parser
