@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from standins import RoadClips
 
 from drivepercept.errors import ModelError
 from drivepercept.models import export, export_cache, load_detector
@@ -50,6 +51,18 @@ def _boxes(run_dir: Path) -> dict[tuple[str, int], tuple[np.ndarray[Any, Any], l
     return found
 
 
+def _assert_same_boxes(run_a: Path, run_b: Path, *, tol_px: float = 1.0) -> None:
+    """Both runs hold the same camera frames, some boxes, and in every frame the same boxes
+    (within `tol_px`) of the same classes."""
+    want, got = _boxes(run_a), _boxes(run_b)
+    assert sorted(want) == sorted(got) and sum(len(b) for b, _ in want.values()) > 0
+    for key, (boxes, names) in want.items():
+        other, other_names = got[key]
+        assert names == other_names, key
+        assert boxes.shape == other.shape, key
+        assert np.abs(boxes - other).max(initial=0) <= tol_px, key
+
+
 def _exports(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Counts the cache's exports: the names of the models exported, in order."""
     made: list[str] = []
@@ -83,13 +96,8 @@ def test_a_plain_replay_of_the_sample_rig_runs_on_ort_with_torchs_boxes(
     assert plain["model"]["runtime_choice"]["ran"] == "torch"
     assert "runtime" not in plain["model"]
     # then every camera frame has the same boxes, within a pixel, of the same classes
-    ort_boxes, torch_boxes = _boxes(tmp_path / "auto"), _boxes(tmp_path / "torch")
-    assert sorted(ort_boxes) == sorted(torch_boxes) and len(ort_boxes) == 18
-    assert sum(len(b) for b, _ in torch_boxes.values()) > 0
-    for key, (boxes, names) in torch_boxes.items():
-        other, other_names = ort_boxes[key]
-        assert names == other_names, key
-        assert boxes.shape == other.shape and np.abs(boxes - other).max(initial=0) <= 1.0, key
+    assert len(_boxes(tmp_path / "auto")) == 18
+    _assert_same_boxes(tmp_path / "torch", tmp_path / "auto")
 
 
 def test_random_yolox_weights_run_on_ort_from_a_temporary_export(
@@ -360,12 +368,7 @@ def test_openvino_fp32_gives_orts_boxes(in_process: Cli, tmp_path: Path) -> None
     assert ov["model"]["runtime"]["backend"] == "openvino"
     assert ov["model"]["runtime"]["sessions"]["cpu"]["providers"] == ["OpenVINO CPU (fp32)"]
     # and every frame has ORT's boxes within a pixel, of the same classes
-    want, got = _boxes(tmp_path / "ort"), _boxes(tmp_path / "ov")
-    assert sorted(want) == sorted(got) and sum(len(b) for b, _ in want.values()) > 0
-    for key, (boxes, names) in want.items():
-        other, other_names = got[key]
-        assert names == other_names, key
-        assert boxes.shape == other.shape and np.abs(boxes - other).max(initial=0) <= 1.0, key
+    _assert_same_boxes(tmp_path / "ort", tmp_path / "ov")
 
 
 @needs_bf16
@@ -467,7 +470,7 @@ def test_without_openvino_bf16_stays_on_torch_and_asking_for_it_is_exit_2(
 # --------------------------------------------------------------------------- input size
 
 
-def test_yolox_nano_runs_larger_by_default_on_a_cpus_exported_runtime(
+def test_yolox_nano_runs_larger_by_default_on_a_cpu_whatever_the_runtime(
     in_process: Cli, tmp_path: Path
 ) -> None:
     # given yolox-nano with no input size, on the CPU
@@ -475,21 +478,34 @@ def test_yolox_nano_runs_larger_by_default_on_a_cpus_exported_runtime(
     auto = _replay(in_process, tmp_path, "auto", *nano)
     on_torch = _replay(in_process, tmp_path, "torch", *nano, "--runtime", "torch")
     given = _replay(in_process, tmp_path, "given", *nano, "--input-size", "416x256")
-    # then the exported runtime runs it at 512x288, torch at its trained 416x256, and a
-    # size given wins over both
+    # then it runs at 512x288 on the default runtime and on torch alike (one model, one
+    # size: the runtime changes the speed, not the boxes), and a size given wins
+    assert auto["model"]["runtime_choice"]["ran"] == "onnxruntime"
+    assert auto["model"]["input_size"] == on_torch["model"]["input_size"] == [512, 288]
+    assert given["model"]["input_size"] == [416, 256]
+
+
+def test_a_real_clip_replayed_with_no_runtime_flag_has_torchs_boxes(
+    in_process: Cli, tmp_path: Path, road_clips: RoadClips, released_yolox_nano_onnx: Path
+) -> None:
+    # given a road clip and the released yolox-nano (the model real footage runs), no flag
+    clip = ("replay", str(road_clips.highway), "--weights", str(released_yolox_nano_onnx))
+    flags = ("--max-frames", "6", "--out", str(tmp_path), "--no-progress", "--no-report")
+    code, err = in_process([*clip, *flags, "--name", "auto"])
+    assert code == 0, err
+    code, err = in_process([*clip, *flags, "--name", "torch", "--runtime", "torch"])
+    assert code == 0, err
+    # then run.json says ORT ran it, at the CPU's size, and torch gives its boxes within 1 px
+    auto = json.loads((tmp_path / "auto" / "run.json").read_text())
     assert auto["model"]["runtime_choice"]["ran"] == "onnxruntime"
     assert auto["model"]["input_size"] == [512, 288]
-    assert on_torch["model"]["input_size"] == [416, 256]
-    assert given["model"]["input_size"] == [416, 256]
-    assert given["model"]["runtime_choice"]["ran"] == "onnxruntime"
+    _assert_same_boxes(tmp_path / "torch", tmp_path / "auto")
 
 
-def test_the_default_input_depends_on_device_and_runtime_only_for_yolox_nano() -> None:
+def test_the_default_input_depends_on_the_device_only_for_yolox_nano() -> None:
     from drivepercept.models import default_input_size
 
     assert default_input_size("yolox-nano", device_type="cpu") == (512, 288)
-    assert default_input_size("yolox-nano", device_type="cpu", runtime="openvino") == (512, 288)
-    assert default_input_size("yolox-nano", device_type="cpu", runtime="torch") == (416, 256)
     assert default_input_size("yolox-nano", device_type="cuda") == (416, 256)
     assert default_input_size("yolox-tiny", device_type="cpu") == (416, 256)
     assert default_input_size("yolox-s", device_type="cpu") == (640, 384)

@@ -108,7 +108,7 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ("--model", str, f"name or pkg.module:factory (default: rig's, else {DEFAULT_MODEL})"),
         ("--weights", str, "DEFAULT (bundled / downloaded), a .pth/.onnx path, or none"),
         ("--classes", str, "driving (COCO mapped onto driving classes, default) or all"),
-        ("--input-size", str, "WxH, x32 (nano 512x288 on CPU, else 416x256; s-x 640x384)"),
+        ("--input-size", str, "WxH, x32 (nano 512x288 on CPU, 416x256 on GPU; s-x 640x384)"),
         ("--onnx-layout", str, ".onnx model: yolox, yolov8 or end2end (over its sidecar)"),
         ("--onnx-batch", str, ".onnx batch-1 export: loop over a batch or refuse (sidecar's)"),
         ("--trt-cache", Path, ".onnx on TensorRT: engine cache folder (<stem>.trt-cache)"),

@@ -34,16 +34,14 @@ def available_models() -> tuple[str, ...]:
     return (tiny.NAME, *yolox_weights.NAMES, *_torchvision.NAMES)
 
 
-def default_input_size(
-    name: str, *, device_type: str, runtime: str = "auto"
-) -> tuple[int, int] | None:
-    """The input size a registered YOLOX model runs at by default on `device_type` and the
-    runtime asked for (`yolox_weights.default_input_size`); None for models whose input is
-    fixed or their own (tiny, torchvision's, plugins, `.onnx` files)."""
+def default_input_size(name: str, *, device_type: str) -> tuple[int, int] | None:
+    """The input size a registered YOLOX model runs at by default on `device_type`
+    (`yolox_weights.default_input_size`); None for models whose input is fixed or their own
+    (tiny, torchvision's, plugins, `.onnx` files)."""
     if name not in yolox_weights.NAMES:
         return None
     size = name.removeprefix(yolox_weights.PREFIX)
-    return yolox_weights.default_input_size(size, device_type=device_type, runtime=runtime)
+    return yolox_weights.default_input_size(size, device_type=device_type)
 
 
 def load_detector(

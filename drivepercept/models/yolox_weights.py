@@ -50,20 +50,20 @@ COCO80: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def default_input_size(
-    size: str, *, device_type: str | None = None, runtime: str = "torch"
-) -> tuple[int, int]:
+def default_input_size(size: str, *, device_type: str | None = None) -> tuple[int, int]:
     """A 16:9-friendly input on the stride-32 grid at about the scale the size was trained
     at: 416x256 for nano and tiny (trained at 416), 640x384 for the others (640).
 
-    Except yolox-nano on a CPU on an exported runtime (`runtime` not "torch": the export
-    runs faster than torch there, `models/runtime.py`): 512x288, the largest input that
-    keeps six real streams at the frames/s 416x256 had on torch. Measured on the 2-core
-    machine (pipeline frames/s, three interleaved rounds): 416x256 on torch 103-110, 512x288
-    on ORT 105-113, 544x320 on ORT 93-96. MOT17-02 pedestrians (visibility >= 0.5, 43) AP@.5
-    0.503 -> 0.667. Other devices and sizes are not measured: they keep the rule above.
+    Except yolox-nano on a CPU: 512x288, the largest input that keeps six real streams, on
+    the CPU's default runtime (ONNX Runtime, `models/runtime.py`), at the frames/s 416x256 had
+    on torch, the default runtime before. Measured on the 2-core machine (pipeline frames/s,
+    three interleaved rounds): 416x256 on torch 103-110, 512x288 on ORT 105-113, 544x320 on
+    ORT 93-96. MOT17-02 pedestrians (visibility >= 0.5, 43) AP@.5 0.503 -> 0.667. The size
+    does not depend on the runtime asked for: `--runtime torch` runs the same model, at the
+    same size, as the default (slower: it is torch). Other devices and sizes are not
+    measured: they keep the rule above.
     """
-    if size == "nano" and device_type == "cpu" and runtime != "torch":
+    if size == "nano" and device_type == "cpu":
         return (512, 288)
     return (416, 256) if SIZES[size].trained_at == 416 else (640, 384)
 

@@ -139,10 +139,11 @@ def load_model(options: RunOptions) -> Detector:
     config = options.pipeline()
     threads = config.torch_threads  # the model's threads, whichever runtime runs it
     device_type = resolve_device(config.device).type
-    # a YOLOX model's default input depends on the device and runtime (yolox-nano runs
-    # larger on a CPU's exported runtime, which is faster there)
+    # a YOLOX model's default input depends on the device (yolox-nano runs larger on a CPU,
+    # where the default runtime is faster), never on the runtime: every runtime gives one
+    # model the same boxes
     input_size = options.input_size or default_input_size(
-        options.model_name, device_type=device_type, runtime=options.runtime
+        options.model_name, device_type=device_type
     )
     detector = load_detector(
         options.model_name,
