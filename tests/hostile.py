@@ -9,6 +9,8 @@ header and, unless it says otherwise, one valid JPEG part, then misbehaves:
 - `huge_part`: a part announcing 50 MB;
 - `huge_dims`: a part whose JPEG header says 9000x9000;
 - `not_jpeg`: a part of `text/html`;
+- `chunked` (not hostile: awkward): good parts, 25 a second, sent with `Transfer-Encoding:
+  chunked` in chunks of 7 bytes (chunk ends fall inside boundaries and line ends);
 - `garbage_jpegs`: then parts of `image/jpeg` that hold no JPEG, 25 a second, and a good one
   every tenth.
 """
@@ -27,7 +29,7 @@ import numpy as np
 
 MODES = (
     "endless_headers", "drip", "random", "negative_length", "huge_part", "huge_dims", "not_jpeg",
-    "garbage_jpegs",
+    "garbage_jpegs", "chunked",
 )  # fmt: skip
 BOUNDARY = b"frame"
 
@@ -95,6 +97,9 @@ class HostileCamera:
     def _answer(self, conn: socket.socket) -> None:
         try:
             conn.recv(65536)  # the request
+            if self.mode == "chunked":
+                self._chunked(conn)
+                return
             conn.sendall(
                 b"HTTP/1.0 200 OK\r\nContent-Type: multipart/x-mixed-replace; boundary="
                 + BOUNDARY + b"\r\n\r\n"
@@ -149,6 +154,18 @@ class HostileCamera:
         while not self._stop.is_set():
             n += 1
             conn.sendall(_part(good if n % 10 == 0 else os.urandom(2000)))
+            time.sleep(0.04)
+
+    def _chunked(self, conn: socket.socket) -> None:
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: "
+            b"multipart/x-mixed-replace; boundary=" + BOUNDARY + b"\r\n\r\n"
+        )
+        while not self._stop.is_set():
+            data = _part(jpeg(64, 48)) + _part(jpeg(32, 24))
+            for i in range(0, len(data), 7):
+                piece = data[i : i + 7]
+                conn.sendall(b"%x;ext=1\r\n" % len(piece) + piece + b"\r\n")
             time.sleep(0.04)
 
 

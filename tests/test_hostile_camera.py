@@ -18,8 +18,9 @@ from hostile import hostile_camera, jpeg, with_size
 
 from drivepercept.config import ReconnectPolicy
 from drivepercept.sources.bounded import SLICE_S
+from drivepercept.sources.imagesize import jpeg_size
 from drivepercept.sources.live import LiveSource
-from drivepercept.sources.mjpeg import MAX_HEADERS, MAX_PART_BYTES, MjpegReader, jpeg_size
+from drivepercept.sources.mjpeg import MAX_HEADERS, MAX_PART_BYTES, MjpegReader
 from drivepercept.sources.readers import SourceError
 
 pytestmark = pytest.mark.integration
@@ -228,3 +229,16 @@ def test_the_endless_header_camera_keeps_a_live_runs_memory_flat_for_30_s(
     # reached 1.5 GB in 40 s), and the camera was reported with the reason
     assert peak - start < 100 << 20, (peak - start) / 2**20
     assert f"more than {MAX_HEADERS} header lines" in err, err
+
+
+def test_a_chunked_stream_is_read_frame_by_frame() -> None:
+    # given a camera that sends its parts with chunked transfer encoding, in 7-byte chunks
+    with hostile_camera("chunked") as camera:
+        reader = MjpegReader(camera.url, policy=POLICY)
+        try:
+            frames = [reader.read() for _ in range(6)]
+        finally:
+            reader.close()
+    # then each part comes whole: the two sizes the camera alternates, in order
+    sizes = [f.image_bgr.shape[:2] if f is not None else None for f in frames]
+    assert sizes == [(48, 64), (24, 32)] * 3, (sizes, reader.last_error)

@@ -58,7 +58,7 @@ default: frames/s of the model alone (the ceiling), the pipeline and a naive loo
 ceiling: per batch size; live: served cameras; capacity: most cameras in budget;
 sweep: served cameras per precision x batch timeout x cameras (table, plot, JSON).""",
     "fleet": """
-  drivepercept fleet /data/drives/*/rig.toml --out /shared/fleet-out --device cuda
+  drivepercept fleet /data/drives/*/rig.toml --out /data/fleet-out --device cuda
   drivepercept fleet drives.txt --out out --address auto --resume   # one DRIVE per line
 A DRIVE is a rig file or a folder of camera files; out/<drive>/ each, out/_fleet/fleet.html.""",
     "serve-cameras": """

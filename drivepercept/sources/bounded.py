@@ -43,7 +43,8 @@ class BoundedBody:
         self._fp = response.fp  # the buffered socket file the headers were read from
         self._sock = sock
         self._chunked = bool(getattr(response, "chunked", False))
-        self._chunk_left = 0  # bytes of the current chunk still to come (chunked bodies)
+        self._chunk_left = 0  # data bytes of the current chunk still to come (chunked bodies)
+        self._chunk_done = False  # a chunk's data was read: its CRLF comes next
         self._raw = bytearray()  # chunked: bytes read but not yet decoded
         self._buf = bytearray()  # decoded body bytes not yet handed out
         self._eof = False
@@ -90,58 +91,67 @@ class BoundedBody:
     # ------------------------------------------------------------------ filling the buffer
 
     def _fill(self, deadline: float) -> bool:
-        """More decoded bytes into the buffer; False at the end of the body."""
+        """More body bytes into the buffer; False at the end of the body."""
+        if not self._chunked:
+            data = self._more(deadline)
+            self._buf += data
+            return bool(data)
         while not self._eof:
-            if not self._chunked:
-                data = self._recv(deadline)
-                if not data:
-                    self._eof = True
-                    return False
-                self._buf += data
-                return True
-            if self._decode_chunk(deadline):
+            if self._chunk_left == 0 and not self._next_chunk(deadline):
+                return False
+            if not self._raw and not self._raw_more(deadline):
+                return False
+            take = min(self._chunk_left, len(self._raw))
+            self._buf += self._raw[:take]
+            del self._raw[:take]
+            self._chunk_left -= take
+            self._chunk_done = self._chunk_left == 0
+            if take:
                 return True
         return False
 
-    def _decode_chunk(self, deadline: float) -> bool:
-        """Decodes what it can of a chunked body; True when the buffer grew."""
-        if self._chunk_left == 0:
-            while (end := self._raw.find(b"\r\n")) < 0:
-                if len(self._raw) > MAX_CHUNK_LINE:
-                    raise BodyError(f"a chunk-size line over {MAX_CHUNK_LINE} bytes")
-                if not self._raw_more(deadline):
-                    return False
-            size_text = bytes(self._raw[:end]).split(b";", 1)[0].strip()
-            del self._raw[: end + 2]
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise BodyError("a chunk size that is not a number") from None
-            if size < 0:
-                raise BodyError("a negative chunk size")
-            if size == 0:
-                self._eof = True
+    def _next_chunk(self, deadline: float) -> bool:
+        """Reads the next chunk's size line (after the CRLF that ends the last chunk); False
+        at the end of the body (the last, empty chunk, or the connection closed)."""
+        if self._chunk_done:  # the CRLF after a chunk's data
+            if self._raw_line(deadline) is None:
                 return False
-            self._chunk_left = size + 2  # the chunk, then its CRLF
-        if not self._raw and not self._raw_more(deadline):
+            self._chunk_done = False
+        line = self._raw_line(deadline)
+        if line is None:
             return False
-        take = min(self._chunk_left, len(self._raw))
-        piece = self._raw[:take]
-        del self._raw[:take]
-        self._chunk_left -= take
-        data = piece[:-2] if self._chunk_left == 0 else piece
-        if self._chunk_left == 1:  # the CR is in, the LF still to come: keep the CR out
-            data = piece[:-1]
-        self._buf += data
-        return bool(data)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise BodyError("a chunk size that is not a number") from None
+        if size <= 0:
+            self._eof = True
+            return False
+        self._chunk_left = size
+        return True
+
+    def _raw_line(self, deadline: float) -> bytes | None:
+        """A CRLF-ended line of the raw (chunked) stream, without its CRLF; None at its end."""
+        while (end := self._raw.find(b"\r\n")) < 0:
+            if len(self._raw) > MAX_CHUNK_LINE:
+                raise BodyError(f"a chunk-size line over {MAX_CHUNK_LINE} bytes")
+            if not self._raw_more(deadline):
+                return None
+        line = bytes(self._raw[:end])
+        del self._raw[: end + 2]
+        return line
 
     def _raw_more(self, deadline: float) -> bool:
+        data = self._more(deadline)
+        self._raw += data
+        return bool(data)
+
+    def _more(self, deadline: float) -> bytes:
+        """Some bytes of the connection; b"" (and the end noted) once it is closed."""
         data = self._recv(deadline)
         if not data:
             self._eof = True
-            return False
-        self._raw += data
-        return True
+        return data
 
     def _recv(self, deadline: float) -> bytes:
         """Some bytes (b"" at the end of the body), waiting in slices until `deadline`."""

@@ -30,6 +30,7 @@ from urllib.parse import SplitResult, urlsplit
 from drivepercept.config import ReconnectPolicy
 from drivepercept.geometry import MAX_SIZE_PX
 from drivepercept.sources.bounded import BodyError, BoundedBody
+from drivepercept.sources.imagesize import jpeg_size
 from drivepercept.sources.probe import basic_auth, camera_tls, http_phrase
 from drivepercept.sources.readers import RawFrame, SourceError, SourceInfo
 from drivepercept.types import CameraState, ReaderStatus
@@ -202,35 +203,6 @@ class MjpegReader:
         response = getattr(self, "_response", None)
         if response is not None:
             response.close()
-
-
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's frame header (SOFn), read without decoding; None when
-    the data is not a JPEG or holds no frame header."""
-    if data[:2] != b"\xff\xd8":
-        return None
-    i = 2
-    while i + 4 <= len(data):
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
-            i += 2
-            continue
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            if i + 9 > len(data):
-                return None
-            height = int.from_bytes(data[i + 5 : i + 7], "big")
-            width = int.from_bytes(data[i + 7 : i + 9], "big")
-            return width, height
-        length = int.from_bytes(data[i + 2 : i + 4], "big")
-        if length < 2:
-            return None
-        i += 2 + length
-    return None
 
 
 def _connection(parts: SplitResult, timeout_s: float) -> http.client.HTTPConnection:

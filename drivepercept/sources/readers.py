@@ -21,6 +21,7 @@ import numpy as np
 from drivepercept.errors import DrivePerceptError
 from drivepercept.geometry import MAX_SIZE_PX
 from drivepercept.rig import is_stream
+from drivepercept.sources.imagesize import header_size
 from drivepercept.types import CameraState, ImageU8, ReaderStatus, StateChange
 
 __all__ = ["ReaderStatus", "StateChange"]  # re-exported: the readers' vocabulary
@@ -193,23 +194,6 @@ def image_files(folder: Path) -> list[Path]:
     """The images of a folder in the order `ImageFolderReader` reads them (name order); frame
     k of the reader is entry k (eval matches labels to frames by this)."""
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-
-
-def header_size(path: Path) -> tuple[int, int] | None:
-    """(width, height) from a PNG's or JPEG's header, read without decoding; None for other
-    formats or a header that does not say."""
-    from drivepercept.sources.mjpeg import jpeg_size
-
-    try:
-        with path.open("rb") as f:
-            head = f.read(24)
-            if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
-                return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-            if head[:2] == b"\xff\xd8":
-                return jpeg_size(head + f.read(1 << 20))
-    except OSError:
-        return None
-    return None
 
 
 class ImageFolderReader:
