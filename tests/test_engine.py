@@ -93,6 +93,15 @@ def test_to_model_input_normalises_and_transposes() -> None:
     )
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_to_model_input_gives_the_asked_layout(channels_last: bool) -> None:
+    batch = torch.randint(0, 256, (2, 5, 7, 3), dtype=torch.uint8)
+    x = to_model_input(batch, mean=(0, 0, 0), std=(1, 1, 1), channels_last=channels_last)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert x.shape == (2, 3, 5, 7) and x.is_contiguous(memory_format=fmt)
+    assert torch.equal(x, batch.permute(0, 3, 1, 2).float() / 255)
+
+
 def test_postprocess_filters_by_score_and_class_and_suppresses_overlaps() -> None:
     boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 10, 10], [0, 0, 10, 10], [50, 50, 60, 60.0]])
     outputs = [

@@ -15,6 +15,8 @@ import pytest
 import torch
 from standins import RoadClips
 
+from drivepercept.config import PipelineConfig
+from drivepercept.engine.step import DetectorStep
 from drivepercept.errors import ModelError
 from drivepercept.models import export, export_cache, load_detector
 from drivepercept.models.base import Detector
@@ -333,16 +335,50 @@ def test_bench_figures_name_the_runtime_that_ran(tmp_path: Path) -> None:
     assert default == "speed: onnxruntime, fp32, threads ORT's default (one per physical core)"
 
 
-def test_ort_threads_wait_passively_between_runs(tmp_path: Path) -> None:
-    # the decoder threads and torch's pre- and post-processing share the CPU with ORT's pool
-    from drivepercept.models.onnx.session import SPINNING
+def test_ort_threads_spin_within_a_run_and_stop_after_it(tmp_path: Path) -> None:
+    # spinning between operators is ORT's speed; spinning on after a run would take the cores
+    # the decoder threads and the post-processing of the last batch need
+    from drivepercept.models.onnx.session import SPINNING, STOP_SPINNING
 
     tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
     on_ort = choose_runtime(tiny, RuntimeRequest(cache=tmp_path, threads=2))
     module: Any = on_ort.module
     options = module._sessions["cpu"].get_session_options()
-    assert options.get_session_config_entry(SPINNING) == "0"
+    assert options.get_session_config_entry(SPINNING) == "1"
+    assert options.get_session_config_entry(STOP_SPINNING) == "1"
     assert options.intra_op_num_threads == 2
+
+
+def test_torch_work_around_another_runtime_runs_on_one_torch_thread(tmp_path: Path) -> None:
+    # normalising, decoding and NMS around an ORT network: a team of torch threads would wait
+    # for the cores ORT's threads hold; the caller's own count is given back after each step
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    on_ort = choose_runtime(tiny, RuntimeRequest(cache=tmp_path, threads=2))
+    seen: list[int] = []
+    module: Any = on_ort.module
+    inner = module.forward
+
+    def spy(x: torch.Tensor) -> Any:
+        seen.append(torch.get_num_threads())
+        assert x.is_contiguous()  # the plain layout ORT takes, whatever channels_last says
+        return inner(x)
+
+    module.forward = spy
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        config = PipelineConfig(device="cpu", torch_threads=2, channels_last=True)
+        step = DetectorStep(on_ort, config, torch.device("cpu"), max_batch=2)
+        assert step.glue_threads == 1 and not step.channels_last
+        packed, counts = step(torch.zeros((2, 256, 448, 3), dtype=torch.uint8))
+        assert seen == [1] and torch.get_num_threads() == 2
+        assert packed.shape[0] == 2 and counts.shape == (2,)
+        on_torch = DetectorStep(tiny, config, torch.device("cpu"), max_batch=2)
+        assert on_torch.glue_threads == 0 and on_torch.channels_last
+        on_torch.close()
+        step.close()
+    finally:
+        torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------- OpenVINO

@@ -29,7 +29,9 @@ def to_model_input(
     `mean` and `std` may be given as (1, 3, 1, 1) tensors already on the device (the engine
     makes them once) so that no per-batch host-to-device copy is needed.
     """
-    x = batch_u8.permute(0, 3, 1, 2).to(dtype)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    # one pass: the layout change and the conversion in the same copy
+    x = batch_u8.permute(0, 3, 1, 2).to(dtype, memory_format=memory_format)
     if value_range != 255.0:
         x = x.div_(255.0 / value_range)
     given_tensors = isinstance(mean, torch.Tensor) or isinstance(std, torch.Tensor)
@@ -38,8 +40,7 @@ def to_model_input(
         m = torch.as_tensor(mean, dtype=dtype, device=x.device).view(1, 3, 1, 1)
         s = torch.as_tensor(std, dtype=dtype, device=x.device).view(1, 3, 1, 1)
         x = x.sub_(m).div_(s)
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    return x.contiguous(memory_format=memory_format)
+    return x
 
 
 def label_table(table: Sequence[int], device: torch.device) -> torch.Tensor | None:

@@ -15,6 +15,7 @@ the model call runs as sub-batches at once, one per lane (`engine/lanes.py`).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -73,8 +74,16 @@ class DetectorStep:
                 set_reduced_precision(model, parts, config.precision, device)
             except ModelError as exc:
                 raise ModelError(f"model {detector.name}: reduced_precision: {exc}") from None
-        if config.channels_last:
+        # channels_last is torch's layout: a network that another runtime runs takes the
+        # plain (N, C, H, W) batch, made in one pass from the uint8 frames
+        self.channels_last = config.channels_last and detector.runtime is None
+        if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
+        # A network that another runtime runs on the CPU (ONNX Runtime, OpenVINO) has that
+        # runtime's threads; the torch work around it (normalising, decoding, NMS) is small
+        # and runs on one torch thread, as a team of torch threads would wait for cores the
+        # runtime's threads hold (docs/BENCHMARKS.md, "Glue on one torch thread").
+        self.glue_threads = 1 if detector.runtime is not None and device.type == "cpu" else 0
         self.model = model
         self._whole_autocast = parts is None
         self.compiled = CompiledModel(model, name=detector.name) if config.compile else None
@@ -109,20 +118,22 @@ class DetectorStep:
 
     def normalise(self, batch_u8: torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 on the device -> the model's float input."""
-        return to_model_input(
-            batch_u8,
-            mean=self.mean,
-            std=self.std,
-            channels_last=self.config.channels_last,
-            value_range=self.detector.input.value_range,
-        )
+        with self._glue():
+            return to_model_input(
+                batch_u8,
+                mean=self.mean,
+                std=self.std,
+                channels_last=self.channels_last,
+                value_range=self.detector.input.value_range,
+            )
 
     def forward(self, x: torch.Tensor) -> Outputs:
         """The model on a normalised batch (call under `torch.inference_mode()`): replayed
         from a CUDA graph where one is captured, else called (compiled or not)."""
         if self.graphed is not None:
             return self.graphed(x)
-        return self._run_model(x)
+        with self._glue():
+            return self._run_model(x)
 
     def _run_model(self, x: torch.Tensor) -> Outputs:
         return self.lanes.map(self._call_model, x)
@@ -139,15 +150,29 @@ class DetectorStep:
         """Score and class filter, NMS (none for a model whose outputs are final), top-k:
         packed (B, K, 6) and counts (B,)."""
         cfg = self.config
-        return postprocess(
-            outputs,
-            score_threshold=cfg.score_threshold,
-            iou_threshold=cfg.iou_threshold,
-            max_detections=cfg.max_detections,
-            remap=self.remap,
-            num_classes=len(self.class_names),
-            nms=not self.detector.final_outputs,
-        )
+        with self._glue():
+            return postprocess(
+                outputs,
+                score_threshold=cfg.score_threshold,
+                iou_threshold=cfg.iou_threshold,
+                max_detections=cfg.max_detections,
+                remap=self.remap,
+                num_classes=len(self.class_names),
+                nms=not self.detector.final_outputs,
+            )
+
+    @contextlib.contextmanager
+    def _glue(self) -> Iterator[None]:
+        """torch's threads for the calling thread's torch work (per thread; given back)."""
+        if not self.glue_threads:
+            yield
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.glue_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def __call__(self, batch_u8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """All three steps, waited for: a uint8 batch (any device) -> packed, counts on the

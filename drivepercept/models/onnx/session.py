@@ -28,7 +28,8 @@ from drivepercept.models.onnx.openvino import OpenVinoSession
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install onnxruntime"
-SPINNING = "session.intra_op.allow_spinning"  # ORT's session config key
+SPINNING = "session.intra_op.allow_spinning"  # ORT's session config keys
+STOP_SPINNING = "session.force_spinning_stop"
 CPU = eps.CPU
 
 
@@ -45,13 +46,11 @@ def import_ort() -> Any:
     return onnxruntime
 
 
-def open_session(
-    path: Path, providers: list[Any] | None = None, *, threads: int = 0, spinning: bool = False
-) -> Any:
+def open_session(path: Path, providers: list[Any] | None = None, *, threads: int = 0) -> Any:
     """An `InferenceSession` for the file (CPU unless `providers` says otherwise), on
-    `threads` intra-op threads (0: ORT's default, one per physical core), which wait
-    passively between runs unless `spinning`. The engine's CPU lanes and torch's thread count
-    are torch's; this is the same setting for ORT.
+    `threads` intra-op threads (0: ORT's default, one per physical core), which spin between
+    the operators of a run and sleep once it ends. The engine's CPU lanes and torch's thread
+    count are torch's; this is the same setting for ORT.
 
     Raises:
         ModelError: onnxruntime missing, file missing, or not an ONNX model it can load.
@@ -63,10 +62,14 @@ def open_session(
     options.log_severity_level = 3  # errors only: ORT's warnings are not the user's
     if threads > 0:
         options.intra_op_num_threads = threads
-    # ORT's intra-op threads spin-wait after each run by default; on a CPU they share the
-    # cores with the decoder threads and torch's pre- and post-processing, which they then
-    # slow down (the same reasoning as torch's passive OpenMP wait, `_threads.py`)
-    options.add_session_config_entry(SPINNING, "1" if spinning else "0")
+    # ORT's intra-op threads spin while they wait for the next operator, and by default go on
+    # spinning after the run, on cores that the decoders, the batcher and the post-processing
+    # of the last batch need. Spinning inside a run and stopping at its end: the step 15 %
+    # faster than no spinning, the pipeline 8-14 % (docs/BENCHMARKS.md, "Glue on one torch
+    # thread, ORT spinning within a run"); left spinning after the run, the pipeline loses
+    # 0-9 % of that on two cores.
+    options.add_session_config_entry(SPINNING, "1")
+    options.add_session_config_entry(STOP_SPINNING, "1")
     try:
         return ort.InferenceSession(str(path), options, providers=providers or [CPU])
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... for any bad file
