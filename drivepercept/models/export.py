@@ -28,12 +28,12 @@ from torch import nn
 
 from drivepercept.models import tiny
 from drivepercept.models.base import Detector, ModelError
+from drivepercept.models.onnx.sidecar import Sidecar
 from drivepercept.models.yolox import YOLOX
 
 FORMATS: tuple[str, ...] = ("onnx",)
 OPSET = 17
 INPUT_NAME = "images"
-SCHEMA = 1
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,6 @@ def export_onnx(detector: Detector, out: Path, *, batch: int | None = 1) -> Expo
     w, h = detector.input.size
     example = torch.zeros(batch or 2, 3, h, w)
     axes = {n: {0: "batch"} for n in (INPUT_NAME, *names)} if batch is None else None
-    sidecar = out.with_suffix(".toml")
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer and deprecation chatter, not user-facing
@@ -153,7 +152,7 @@ def export_onnx(detector: Detector, out: Path, *, batch: int | None = 1) -> Expo
             )
             if batch is None:
                 _pin_output_dims(out, module(example))
-        sidecar.write_text(sidecar_text(detector, layout), encoding="utf-8")
+        sidecar = Sidecar.of(detector, layout).write(out)
     except OSError as exc:
         raise ModelError(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     return Exported(onnx=out, sidecar=sidecar, layout=layout, batch=batch)
@@ -170,30 +169,3 @@ def _pin_output_dims(path: Path, outputs: torch.Tensor | tuple[torch.Tensor, ...
         for dim, size in list(zip(port.type.tensor_type.shape.dim, shape, strict=True))[1:]:
             dim.dim_value = int(size)
     onnx.save(model, str(path))
-
-
-def sidecar_text(detector: Detector, layout: str) -> str:
-    """The sidecar TOML: schema, layout, class names and the `InputSpec` (see `models/onnx`),
-    written with tomli-w as rig files are (hand-rolled TOML quoting is an easy place for bugs)."""
-    import tomli_w
-
-    spec = detector.input
-    pad = spec.pad_value if isinstance(spec.pad_value, int) else list(spec.pad_value)
-    return tomli_w.dumps(
-        {
-            "schema": SCHEMA,
-            "layout": layout,
-            "classes": list(detector.class_names),
-            "input": {
-                "size": list(spec.size),
-                "letterbox": spec.letterbox,
-                "pad": spec.pad.value,
-                "pad_value": pad,
-                "interpolation": spec.interpolation.value,
-                "channels": spec.channels.value,
-                "value_range": float(spec.value_range),
-                "mean": [float(v) for v in spec.mean],
-                "std": [float(v) for v in spec.std],
-            },
-        }
-    )

@@ -31,6 +31,7 @@ import torch
 from drivepercept import __version__
 from drivepercept.models import export
 from drivepercept.models.base import Detector
+from drivepercept.models.onnx import sidecar
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def entry_key(detector: Detector) -> str:
 
     parts = [
         f"cache={CACHE_SCHEMA}",
-        f"schema={export.SCHEMA}",
+        f"schema={sidecar.SCHEMA}",
         f"opset={export.OPSET}",
         f"drivepercept={__version__}",
         f"torch={torch.__version__}",
@@ -104,15 +105,15 @@ class ExportCache:
             OSError: the folder cannot be made or written.
         """
         target = self.path(detector)
-        sidecar = target.with_suffix(".toml")
-        if not refresh and target.is_file() and sidecar.is_file():
+        side = sidecar.sidecar_path(target)
+        if not refresh and target.is_file() and side.is_file():
             return CachedExport(target, None)
         self.folder.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         staging = Path(tempfile.mkdtemp(prefix=".export-", dir=self.folder))
         try:
             done = export.export_onnx(detector, staging / "model.onnx", batch=None)
-            done.sidecar.replace(sidecar)  # the sidecar first: the .onnx marks it complete
+            done.sidecar.replace(side)  # the sidecar first: the .onnx marks it complete
             done.onnx.replace(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -122,5 +123,5 @@ class ExportCache:
 
     def discard(self, onnx: Path) -> None:
         """Remove an entry (a file that does not load), both files; missing ones are fine."""
-        for path in (onnx, onnx.with_suffix(".toml")):
+        for path in (onnx, sidecar.sidecar_path(onnx)):
             path.unlink(missing_ok=True)

@@ -72,7 +72,7 @@ def export_onnx(
     import onnx
     import torch
 
-    from drivepercept.models.export import sidecar_text
+    from drivepercept.models.onnx.sidecar import Sidecar
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "yolov8n.onnx"
@@ -104,7 +104,7 @@ def export_onnx(
         prop = written.metadata_props.add()
         prop.key, prop.value = key, str(value)
     onnx.save(written, str(path))
-    path.with_suffix(".toml").write_text(sidecar_text(detector, "yolov8"), encoding="utf-8")
+    Sidecar.of(detector, "yolov8").write(path)
     return path, metadata
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -37,16 +36,10 @@ import numpy as np
 
 from drivepercept.errors import ModelError
 from drivepercept.models.base import Detector
-from drivepercept.models.export import sidecar_text
 from drivepercept.models.onnx import build
 from drivepercept.models.onnx.layouts import Graph
 from drivepercept.models.onnx.session import INSTALL_HINT, OnnxDetector
-from drivepercept.models.onnx.sidecar import sidecar_path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from drivepercept.models.onnx.sidecar import Sidecar, read_sidecar
 
 log = logging.getLogger(__name__)
 
@@ -338,22 +331,9 @@ class _Feeds:
 
 
 def _write_sidecar(detector: Detector, source: Path, out: Path) -> Path:
-    """The INT8 file's sidecar: the float file's sidecar, if any (its batch policy and other
-    keys), with the layout, class names and preparation as the backend resolved them (a
-    names file or a family default made explicit)."""
-    import tomli_w
-
+    """The INT8 file's sidecar: the layout, class names and preparation as the backend
+    resolved them (a names file or a family default made explicit), over the float file's
+    sidecar, if any (its batch policy and NMS switch)."""
     module = detector.module
     assert isinstance(module, OnnxDetector)
-    given = sidecar_path(source)
-    try:
-        raw = tomllib.loads(given.read_text(encoding="utf-8")) if given.is_file() else {}
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ModelError(f"sidecar {given}: not readable TOML ({exc})") from None
-    resolved = tomllib.loads(sidecar_text(detector, module.layout))
-    path = sidecar_path(out)
-    try:
-        path.write_text(tomli_w.dumps({**raw, **resolved}), encoding="utf-8")
-    except OSError as exc:
-        raise ModelError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    return Sidecar.of(detector, module.layout).over(read_sidecar(source)).write(out)

@@ -1,5 +1,7 @@
 """The sidecar TOML beside an ONNX file (`model.onnx` -> `model.toml`): its layout, class names
-and preparation, in one fixed schema (the export command writes the same one).
+and preparation, in one fixed schema. This module is the format's one owner: `Sidecar` is
+read here (`read_sidecar`) and written here (`Sidecar.of(detector, layout).write(model)`, what
+`export`, `quantize` and the export cache use).
 
 ```toml
 schema = 1
@@ -27,10 +29,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivepercept.errors import ModelError
 from drivepercept.types import ColorOrder, InputSpec, Interpolation, PadPlacement
+
+if TYPE_CHECKING:
+    from drivepercept.models.base import Detector
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,6 +68,66 @@ class Sidecar:
     batch: str = "loop"
     nms: bool | None = None
     input: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, detector: Detector, layout: str) -> Sidecar:
+        """What a file exported from `detector` in `layout` needs: its class names and its
+        whole `InputSpec`."""
+        spec = detector.input
+        prepared = {f.name: getattr(spec, f.name) for f in fields(InputSpec)}
+        return cls(layout=layout, classes=tuple(detector.class_names), input=prepared)
+
+    def over(self, base: Sidecar) -> Sidecar:
+        """This sidecar's keys, and `base`'s where this one is silent (a quantized file keeps
+        its float file's batch policy and NMS switch)."""
+        return Sidecar(
+            path=self.path,
+            layout=self.layout if self.layout is not None else base.layout,
+            classes=self.classes if self.classes is not None else base.classes,
+            batch=self.batch if self.batch != "loop" else base.batch,
+            nms=self.nms if self.nms is not None else base.nms,
+            input={**base.input, **self.input},
+        )
+
+    def to_toml(self) -> str:
+        """The TOML text, written with tomli-w (hand-rolled TOML quoting is an easy place for
+        bugs); keys this sidecar is silent on are left out, so that a reader's defaults apply."""
+        import tomli_w
+
+        table: dict[str, Any] = {"schema": SCHEMA}
+        if self.layout is not None:
+            table["layout"] = self.layout
+        if self.classes is not None:
+            table["classes"] = list(self.classes)
+        if self.batch != "loop":
+            table["batch"] = self.batch
+        if self.nms is not None:
+            table["nms"] = self.nms
+        if self.input:
+            table["input"] = {key: _toml_value(value) for key, value in self.input.items()}
+        return tomli_w.dumps(table)
+
+    def write(self, model: Path) -> Path:
+        """Writes the sidecar beside `model`; its path.
+
+        Raises:
+            ModelError: the file cannot be written (one line).
+        """
+        path = sidecar_path(model)
+        try:
+            path.write_text(self.to_toml(), encoding="utf-8")
+        except OSError as exc:
+            raise ModelError(f"cannot write {path}: {exc.strerror or exc}") from None
+        return path
+
+
+def _toml_value(value: Any) -> Any:
+    """An `InputSpec` value as TOML holds it (enums by value, tuples as arrays)."""
+    if isinstance(value, (PadPlacement, Interpolation, ColorOrder)):
+        return value.value
+    if isinstance(value, tuple):
+        return [_toml_value(v) for v in value]
+    return value
 
 
 def sidecar_path(model: Path) -> Path:
