@@ -1,6 +1,8 @@
-"""The run folder: its file names, the `run.json` record, and redaction of secrets.
+"""The run folder and the fleet folder: their file names, the `run.json` record, and
+redaction of secrets.
 
-Every module that writes or reads a run folder takes its names from here (`RunDir`), and
+Every module that writes or reads a run folder takes its names from here (`RunDir`, and
+`FleetDir` for a fleet's folder of drives), and
 `run.json` is written and read only as a `RunRecord`: one schema, versioned, in one place.
 
     runs/<name>/
@@ -99,6 +101,59 @@ class RunDir:
 
     def write_record(self, record: RunRecord) -> None:
         write_json(self.run_json, record.to_json())
+
+
+@dataclass(frozen=True)
+class FleetDir:
+    """A fleet's output folder: one run folder per drive, and the fleet's own files.
+
+        <out>/<drive>/              the drive's run folder (`RunDir`, with fleet_drive.json)
+        <out>/_fleet/fleet.json     the fleet's record; fleet.html its report
+        <out>/_fleet/attempts/<drive>/<n>.json   one mark per attempt at a drive
+        <out>/_fleet/partial/<drive>.<n>/        an attempt's staging folder
+    """
+
+    path: Path
+
+    STATE_DIR = "_fleet"
+    FLEET_JSON = "fleet.json"
+    FLEET_HTML = "fleet.html"
+    ATTEMPTS_DIR = "attempts"
+    PARTIAL_DIR = "partial"
+
+    @property
+    def state(self) -> Path:
+        """The fleet's own folder (beside the drives' run folders)."""
+        return self.path / self.STATE_DIR
+
+    @property
+    def fleet_json(self) -> Path:
+        return self.state / self.FLEET_JSON
+
+    @property
+    def fleet_html(self) -> Path:
+        return self.state / self.FLEET_HTML
+
+    @property
+    def partial(self) -> Path:
+        """Where attempts stage their drives."""
+        return self.state / self.PARTIAL_DIR
+
+    def drive(self, name: str) -> RunDir:
+        """The finished run folder of drive `name`."""
+        return RunDir(self.path / name)
+
+    def attempts(self, drive: str) -> Path:
+        """The folder of a drive's attempt marks."""
+        return self.state / self.ATTEMPTS_DIR / drive
+
+    def staging(self, drive: str, attempt: int) -> Path:
+        """Attempt `attempt`'s staging folder for `drive`."""
+        return self.partial / f"{drive}.{attempt}"
+
+    def trash(self, drive: str, attempt: int) -> Path:
+        """Where a replaced run folder of `drive` goes while attempt `attempt` publishes."""
+        return self.partial / f"{drive}.{attempt}.old"
 
 
 def make_run_dir(root: Path, name: str | None, *, prefix: str = "replay") -> RunDir:

@@ -17,10 +17,9 @@ from drivepercept.fleet.options import FleetOptions, fingerprint
 from drivepercept.fleet.report import write_fleet_html
 from drivepercept.fleet.summary import fleet_record
 from drivepercept.fleet.worker import DriveOutcome, read_drive_record
-from drivepercept.rundir import RunDir, write_json
+from drivepercept.rundir import write_json
 
 log = logging.getLogger(__name__)
-FLEET_JSON, FLEET_HTML = "fleet.json", "fleet.html"
 
 
 @dataclass(frozen=True)
@@ -49,14 +48,14 @@ class FleetResult:
 
 def resumable(options: FleetOptions, drive: Drive) -> DriveOutcome | None:
     """The drive's earlier outcome when its folder is complete and made with these options."""
-    folder = options.out / drive.name
-    done = read_drive_record(folder)
+    folder = options.folder.drive(drive.name)
+    done = read_drive_record(folder.path)
     if done is None or done.status != "complete":
         return None
     if done.fingerprint != fingerprint(options.drive_options(drive)):
         return None
     try:
-        if RunDir(folder).read_record().status != "complete":
+        if folder.read_record().status != "complete":
             return None
     except Exception:  # run.json missing or damaged: run it again
         return None
@@ -78,9 +77,9 @@ def run_fleet(
     drives = options.plan()
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
     try:
-        options.fleet_dir.mkdir(parents=True, exist_ok=True)
+        options.folder.state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"cannot create {options.fleet_dir}: {exc.strerror}") from None
+        raise OutputError(f"cannot create {options.folder.state}: {exc.strerror}") from None
     earlier = {d.name: resumable(options, d) for d in drives} if options.resume else {}
     todo = [d for d in drives if earlier.get(d.name) is None]
     outcomes: list[DriveOutcome] = [o for o in earlier.values() if o is not None]
@@ -115,9 +114,8 @@ def run_fleet(
         interrupted=interrupted,
         workers=workers,
     )
-    fleet_json = options.fleet_dir / FLEET_JSON
+    fleet_json, fleet_html = options.folder.fleet_json, options.folder.fleet_html
     write_json(fleet_json, record)
-    fleet_html = options.fleet_dir / FLEET_HTML
     write_fleet_html(fleet_html, record)
     order = {d.name: i for i, d in enumerate(drives)}
     return FleetResult(

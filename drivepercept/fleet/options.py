@@ -13,12 +13,12 @@ from typing import Any
 from drivepercept.errors import ConfigError
 from drivepercept.fleet.drives import Drive, resolve_drives
 from drivepercept.run.options import Mode, RunOptions
+from drivepercept.rundir import FleetDir
 
 # RunOptions fields a fleet sets per drive, or that make no sense without a terminal
 _PER_DRIVE = frozenset({"sources", "out_root", "name", "mode", "show", "command", "duration_s"})
 _SHARED = frozenset(f.name for f in dataclasses.fields(RunOptions)) - _PER_DRIVE
 # the fleet's own folder, beside the drives' (a drive's name never starts with "_")
-FLEET_DIR = "_fleet"
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,9 @@ class FleetOptions:
         return drives
 
     @property
-    def fleet_dir(self) -> Path:
-        return self.out / FLEET_DIR
+    def folder(self) -> FleetDir:
+        """The fleet's output folder: the drives' run folders and the fleet's own files."""
+        return FleetDir(self.out)
 
     def drive_options(self, drive: Drive, *, out_root: Path | None = None) -> RunOptions:
         """The replay options of one drive (its run folder is out_root/<drive name>)."""

@@ -111,7 +111,7 @@ def size_workers(options: FleetOptions, drives: int, cluster: dict[str, float]) 
 
 
 def _attempts(options: FleetOptions, drive: Drive) -> int:
-    marks = options.fleet_dir / "attempts" / drive.name
+    marks = options.folder.attempts(drive.name)
     return len(list(marks.glob("*.json"))) if marks.is_dir() else 0
 
 
@@ -217,7 +217,7 @@ def _stop(actors: Sequence[Any], wait_s: float = 5.0) -> None:
 
 def _finished_anyway(options: FleetOptions, drive: Drive, since_unix: float) -> DriveOutcome | None:
     """A drive whose worker published it between Ctrl-C and its end: its folder's record."""
-    done = read_drive_record(options.out / drive.name)
+    done = read_drive_record(options.folder.drive(drive.name).path)
     if done is None or done.started_unix < since_unix or done.attempt != _attempts(options, drive):
         return None
     return done
@@ -261,4 +261,4 @@ def cluster_resources() -> dict[str, float]:
 
 
 def staging_root(options: FleetOptions) -> Path:
-    return options.fleet_dir / "partial"
+    return options.folder.partial

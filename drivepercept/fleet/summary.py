@@ -14,12 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drivepercept.errors import ConfigError
-from drivepercept.eval import evaluate as score
+from drivepercept.eval import score_detections
 from drivepercept.fleet.drives import Drive
 from drivepercept.fleet.options import FleetOptions
 from drivepercept.fleet.worker import STATUSES, DriveOutcome
 from drivepercept.run.groundtruth import read_ground_truth
-from drivepercept.rundir import RunDir
 from drivepercept.telemetry.counters import histogram_percentiles_ms
 from drivepercept.telemetry.stats import LatencyHistogram
 
@@ -82,13 +81,13 @@ def pooled_accuracy(
             for im in truth.coco["images"]
             if im["camera"] in truth.cameras and (not limit or int(im["frame_index"]) < limit)
         ]
-        path = RunDir(options.out / o.drive).detections_jsonl
+        path = options.folder.drive(o.drive).detections_jsonl
         with path.open(encoding="utf-8") as lines:
             for line in lines:
                 if line.strip():
                     frame = json.loads(line)
                     frames.append({**frame, "camera": f"{o.drive}/{frame['camera']}"})
-    report = score(coco, frames, images=wanted, by_camera=False)
+    report = score_detections(coco, frames, images=wanted, by_camera=False)
     return {
         "drives": len(scored),
         "map_50": _num(report.map_50, 6),

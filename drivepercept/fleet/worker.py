@@ -163,14 +163,14 @@ class DriveWorker:
     def run_drive(self, drive: Drive) -> DriveOutcome:
         """Replay one drive into <out>/<drive>/ and say how it went; the drive's own errors
         are its outcome (status failed, one line), never an exception."""
-        fleet_dir = self._options.fleet_dir
+        folder = self._options.folder
         started = time.time()
         t0 = time.monotonic()
         attempt = _new_attempt(
-            fleet_dir / "attempts" / drive.name,
+            folder.attempts(drive.name),
             {"worker": self.name, "pid": os.getpid(), "started_unix": started},
         )
-        staging = fleet_dir / "partial" / f"{drive.name}.{attempt}"
+        staging = folder.staging(drive.name, attempt)
         shutil.rmtree(staging, ignore_errors=True)
         with self._lock:
             self._drive_now, self._frames_now = drive.name, 0
@@ -214,8 +214,8 @@ class DriveWorker:
         staged = staging / drive.name
         if staged.is_dir():  # the run began: its folder (whole, however it ended) goes in place
             write_json(RunDir(staged).fleet_drive_json, outcome.to_json())
-            trash = fleet_dir / "partial" / f"{drive.name}.{attempt}.old"
-            publish(staged, self._options.out / drive.name, trash)
+            trash = folder.trash(drive.name, attempt)
+            publish(staged, folder.drive(drive.name).path, trash)
         shutil.rmtree(staging, ignore_errors=True)
         return outcome
 
