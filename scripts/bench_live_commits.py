@@ -21,7 +21,6 @@ from the peer's virtual environment (docs/BENCHMARKS.md, "Peer comparison"):
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import os
@@ -38,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from _bench_peer.stats import percentile_ms, run_figures  # noqa: E402
+from _bench_peer.stats import percentile_ms, timeline_figures  # noqa: E402
+
+from drivepercept.report import load_run  # noqa: E402
 
 log = logging.getLogger("bench_live_commits")
 
@@ -142,8 +143,7 @@ def live_round(
             f"{side} round {number} exited {done.returncode}: "
             f"{done.stderr.strip().splitlines()[-1:]}"
         )
-    with (work / "runs" / name / "frames.csv").open(newline="", encoding="utf-8") as f:
-        figures = run_figures(list(csv.DictReader(f)))
+    figures = timeline_figures(load_run(work / "runs" / name).timeline)
     later = figures.later_ms
     return Round(
         side,

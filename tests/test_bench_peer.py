@@ -129,24 +129,17 @@ def test_throughput_is_nan_without_frames_after_the_first_batch() -> None:
 
 
 def test_run_figures_leave_the_first_batch_out_of_latency_and_start_the_clock_with_it() -> None:
-    # given frames.csv rows out of order: batch 3 (2 frames) out at 1 s, batch 4 at 2 s,
-    # batch 5 at 3 s
-    def row(batch: int, out_s: int, e2e_ms: float) -> dict[str, str]:
-        return {
-            "batch_index": str(batch),
-            "emitted_ns": str(out_s * 1_000_000_000),
-            "end_to_end_ms": str(e2e_ms),
-        }
-
-    rows = [row(5, 3, 50.0), row(3, 1, 900.0), row(4, 2, 40.0), row(3, 1, 800.0)]
-    rows += [row(4, 2, 45.0), row(5, 3, 55.0)]
+    # given frames out of order: batch 3 (2 frames) out at 1 s, batch 4 at 2 s, batch 5 at 3 s
+    rows = [(5, 3, 50.0), (3, 1, 900.0), (4, 2, 40.0), (3, 1, 800.0), (4, 2, 45.0), (5, 3, 55.0)]
+    batch = [b for b, _, _ in rows]
+    emitted = [s * 1_000_000_000 for _, s, _ in rows]
     # when they are turned into figures
-    figures = stats.run_figures(rows)
+    figures = stats.run_figures(batch, emitted, [e for _, _, e in rows])
     # then 4 frames over 2 s, and only the later batches' latencies, in emission order
     assert figures.frames == 6
     assert figures.fps == pytest.approx(2.0)
     assert sorted(figures.later_ms) == [40.0, 45.0, 50.0, 55.0]
-    assert stats.run_figures([]).frames == 0
+    assert stats.run_figures([], [], []).frames == 0
 
 
 def test_percentiles_interpolate_and_are_nan_when_empty() -> None:
@@ -280,15 +273,16 @@ def test_onnx_metadata_reads_back_as_ultralytics_autobackend_reads_it() -> None:
 
 
 def test_ours_ort_threads_come_from_the_runs_record(tmp_path: Path) -> None:
-    run_json = tmp_path / "run.json"
-    run_json.write_text(
-        json.dumps({"model": {"runtime": {"backend": "onnxruntime", "threads": 2}}})
-    )
-    assert rounds._run_ort_threads(run_json) == 2
-    run_json.write_text(json.dumps({"model": {"runtime": {"backend": "onnxruntime"}}}))
-    assert rounds._run_ort_threads(run_json) == 0  # ORT's default
-    run_json.write_text(json.dumps({"model": {"runtime": None}}))
-    assert rounds._run_ort_threads(run_json) == -1
+    # run.json's model section, as the report's loader reads it
+    from drivepercept.rundir import RunDir
+
+    def threads(model: dict[str, object]) -> int:
+        (tmp_path / "run.json").write_text(json.dumps({"command": "replay", "model": model}))
+        return rounds._run_ort_threads(RunDir(tmp_path).read_record().model)
+
+    assert threads({"runtime": {"backend": "onnxruntime", "threads": 2}}) == 2
+    assert threads({"runtime": {"backend": "onnxruntime"}}) == 0  # ORT's default
+    assert threads({"runtime": None}) == -1
 
 
 # ---------------------------------------------------------------------- without ultralytics
@@ -317,3 +311,37 @@ def test_without_ultralytics_the_script_exits_2_with_one_line() -> None:
     assert "ultralytics is not importable" in lines[0]
     assert "/work/peer-venv" in lines[0]
     assert done.stdout == ""
+
+
+def test_a_run_folder_gives_the_same_figures_as_its_frames(tmp_path: Path) -> None:
+    # given a run folder as drivepercept writes it: two cameras, batch 0 at 1 s, batch 1 at 2 s
+    header = (
+        "camera,camera_index,frame_index,pts_s,batch_index,batch_size,capture_ns,decoded_ns,"
+        "preprocessed_ns,queued_ns,batched_ns,copy_start_ns,copy_done_ns,compute_start_ns,"
+        "inference_done_ns,postprocessed_ns,emitted_ns,end_to_end_ms,detections"
+    )
+    lines = [header]
+    for batch, (capture_s, out_s) in enumerate([(0.9, 1.0), (1.8, 2.0)]):
+        for cam in (0, 1):
+            cap, out = int(capture_s * 1e9) + cam, int(out_s * 1e9)
+            stamps = ",".join(str(cap + k) for k in range(9))
+            e2e = (out - cap) / 1e6
+            lines.append(f"c{cam},{cam},{batch},0.0,{batch},2,{cap},{stamps},{out},{e2e},{cam}")
+    (tmp_path / "frames.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "run.json").write_text(
+        json.dumps(
+            {
+                "command": "replay",
+                "mode": "replay",
+                "status": "complete",
+                "sources": [{"camera": "c0"}, {"camera": "c1"}],
+            }
+        )
+    )
+    from drivepercept.report import load_run
+
+    # when bench_peer reads it through the report's loader
+    figures = stats.timeline_figures(load_run(tmp_path).timeline)
+    # then 2 frames after the first batch over 1 s, and batch 1's latencies (200 ms)
+    assert figures.frames == 4 and figures.fps == pytest.approx(2.0)
+    assert figures.later_ms == pytest.approx((200.0, 200.0), abs=1e-3)

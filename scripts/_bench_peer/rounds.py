@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import csv
-import json
 import logging
 import math
 import os
@@ -26,9 +24,9 @@ from _bench_peer.stats import (
     RoundResult,
     count_agreement,
     percentile_ms,
-    run_figures,
     summarise,
     throughput_fps,
+    timeline_figures,
 )
 from _bench_peer.streams import clip_paths, decodable_frames, jpeg_decode_ms, streams_file
 
@@ -159,6 +157,7 @@ class Bench:
     def ours_round(self, mode: str, number: int, runtime: str) -> RoundResult:
         """drivepercept on `settings.threads`: the torch `Detector` around the network, or
         `--model` the exported file (its sidecar beside it) on ONNX Runtime."""
+        from drivepercept.report import load_run
         from drivepercept.run import Mode, RunOptions, run
 
         s = self.settings
@@ -192,34 +191,32 @@ class Bench:
         # torch: the very network object; ORT: the file, loaded as `--model x.onnx` loads it
         result = run(options, detector=None if on_ort else self.detector)
         wall_s = time.monotonic() - started
-        threads = _run_ort_threads(result.run_dir / "run.json") if on_ort else _get_threads()
-        rows = _frames_csv(result.run_dir / "frames.csv")
-        figures = run_figures(rows)
+        data = load_run(result.run_dir)  # run.json and frames.csv, as the report reads them
+        threads = _run_ort_threads(data.record.model) if on_ort else _get_threads()
+        tl = data.timeline
+        figures = timeline_figures(tl)
         later = figures.later_ms
         failure = result.failure()
         wanted = len(sources) * self.replay_frames
         note = failure or ""
-        if not live and len(rows) != wanted:
-            note = f"expected {wanted} frames, got {len(rows)}" + (f"; {note}" if note else "")
+        if not live and len(tl) != wanted:
+            note = f"expected {wanted} frames, got {len(tl)}" + (f"; {note}" if note else "")
         peer_counts = self.peer_counts.get(runtime)
         if not live and peer_counts:
-            ours_counts = {
-                (int(r["camera_index"]), int(r["frame_index"])): int(r["detections"]) for r in rows
-            }
+            keys = zip(tl.camera_index.tolist(), tl.frame_index.tolist(), strict=True)
+            ours_counts = dict(zip(keys, tl.detections.tolist(), strict=True))
             note = (note + "; " if note else "") + count_agreement(peer_counts, ours_counts)
         return RoundResult(
             tool="ours",
             mode=mode,
             runtime=runtime,
             round=number,
-            frames=len(rows),
+            frames=len(tl),
             fps=figures.fps,
             p50_ms=percentile_ms(later, 50) if live else math.nan,
             p99_ms=percentile_ms(later, 99) if live else math.nan,
             delivered=self._sent() - sent_before if live else 0,
-            detections_per_frame=(
-                sum(int(r["detections"]) for r in rows) / len(rows) if rows else math.nan
-            ),
+            detections_per_frame=float(tl.detections.mean()) if len(tl) else math.nan,
             threads=threads,
             wall_s=wall_s,
             note=note,
@@ -231,19 +228,13 @@ class Bench:
         return sum(self.server.frames_sent(f"cam{i}") for i in range(len(self.live_urls)))
 
 
-def _run_ort_threads(run_json: Path) -> int:
-    """The ORT intra-op threads a drivepercept run's session had, from its run.json (0: ORT's
-    default; -1: not recorded)."""
-    model = json.loads(run_json.read_text(encoding="utf-8")).get("model", {})
+def _run_ort_threads(model: dict[str, Any]) -> int:
+    """The ORT intra-op threads a drivepercept run's session had, from its run.json's model
+    section (0: ORT's default; -1: not recorded)."""
     runtime = model.get("runtime") or {}
     if runtime.get("backend") != "onnxruntime":
         return -1
     return int(runtime.get("threads") or 0)
-
-
-def _frames_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def versions(peer: _Ultralytics) -> dict[str, str]:

@@ -6,11 +6,14 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from _bench_peer.options import PEER_OWN, TOOLS
+
+if TYPE_CHECKING:
+    from drivepercept.telemetry.timeline import Timeline
 
 # ---------------------------------------------------------------------- statistics (pure)
 
@@ -24,7 +27,7 @@ def percentile_ms(values_ms: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class RunFigures:
-    """A drivepercept run's frames.csv as bench figures: frames, throughput after the first
+    """A drivepercept run's frames as bench figures: frames, throughput after the first
     batch and the end-to-end latencies of the frames after it."""
 
     frames: int
@@ -32,15 +35,26 @@ class RunFigures:
     later_ms: tuple[float, ...]
 
 
-def run_figures(rows: Sequence[dict[str, str]]) -> RunFigures:
-    """frames.csv rows (any order) -> `RunFigures`; the first batch's frames are left out of
-    the latencies and start the throughput clock, as for the peer."""
-    rows = sorted(rows, key=lambda r: int(r["emitted_ns"]))
-    first = min((int(r["batch_index"]) for r in rows), default=0)
-    in_first = sum(1 for r in rows if int(r["batch_index"]) == first)
-    later = tuple(float(r["end_to_end_ms"]) for r in rows if int(r["batch_index"]) != first)
-    fps = throughput_fps([int(r["emitted_ns"]) for r in rows], in_first)
-    return RunFigures(len(rows), fps, later)
+def run_figures(
+    batch_index: Sequence[int], emitted_ns: Sequence[int], end_to_end_ms: Sequence[float]
+) -> RunFigures:
+    """A run's frames (parallel columns, any order) -> `RunFigures`; the first batch's frames
+    are left out of the latencies and start the throughput clock, as for the peer."""
+    order = sorted(range(len(emitted_ns)), key=lambda i: int(emitted_ns[i]))
+    first = min((int(b) for b in batch_index), default=0)
+    in_first = sum(1 for b in batch_index if int(b) == first)
+    later = tuple(float(end_to_end_ms[i]) for i in order if int(batch_index[i]) != first)
+    fps = throughput_fps([int(emitted_ns[i]) for i in order], in_first)
+    return RunFigures(len(order), fps, later)
+
+
+def timeline_figures(timeline: Timeline) -> RunFigures:
+    """`run_figures` of a run's timeline (the report's reading of its frames.csv)."""
+    return run_figures(
+        timeline.batch_index.tolist(),
+        timeline.stamps["emitted"].tolist(),
+        timeline.end_to_end_ms.tolist(),
+    )
 
 
 def throughput_fps(emitted_ns: Sequence[int], first_batch: int) -> float:

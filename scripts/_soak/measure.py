@@ -4,7 +4,6 @@ checks, and the pass/fail criteria over them (see scripts/soak.py's docstring)."
 from __future__ import annotations
 
 import collections
-import csv
 import itertools
 import math
 from collections.abc import Sequence
@@ -253,11 +252,9 @@ def camera_pairs(videos: Sequence[tuple[str, Path]], count: int) -> list[tuple[s
     return out
 
 
-def read_latencies(frames_csv: Path) -> tuple[list[int], list[float]]:
-    """(capture_ns, end_to_end_ms) of every row of a run's frames.csv."""
-    capture, e2e = [], []
-    with frames_csv.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            capture.append(int(row["capture_ns"]))
-            e2e.append(float(row["end_to_end_ms"]))
-    return capture, e2e
+def read_latencies(run_dir: Path) -> tuple[list[int], list[float]]:
+    """(capture_ns, end_to_end_ms) of every frame of a run, as the report reads them."""
+    from drivepercept.report import load_run
+
+    timeline = load_run(run_dir).timeline
+    return timeline.stamps["capture"].tolist(), timeline.end_to_end_ms.tolist()

@@ -137,7 +137,7 @@ def soak(args: argparse.Namespace) -> Outcome:
         during_max_py=max([s.py_threads for s in during] or [0]),
         during_max_os=max([s.os_threads for s in during] or [0]),
     )
-    capture, e2e = read_latencies(result.run_dir / "frames.csv")
+    capture, e2e = read_latencies(result.run_dir)
     latency = latency_windows(capture, e2e, window_s=args.window_s)
     # memory time runs from the start of capture (model load and the engine's warm-up come
     # before it); the end is the last sample while the pipeline's threads ran: `run` also
