@@ -48,12 +48,40 @@ def check_size(width: int, height: int) -> tuple[int, int]:
     return width, height
 
 
+_SIZE = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*")  # WIDTHxHEIGHT
+
+
+def _split_size(text: str) -> tuple[int, int] | None:
+    match = _SIZE.fullmatch(text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def parse_size(text: str) -> tuple[int, int]:
-    """Parse 'WIDTHxHEIGHT' (e.g. '640x360') and check it."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if match is None:
+    """Parse a camera frame's 'WIDTHxHEIGHT' (e.g. '640x360') and check it."""
+    pair = _split_size(text)
+    if pair is None:
         raise ConfigError(f"size must look like WIDTHxHEIGHT (e.g. 640x360), got {text!r}")
-    return check_size(int(match.group(1)), int(match.group(2)))
+    return check_size(*pair)
+
+
+def parse_input_size(value: object) -> tuple[int, int] | None:
+    """A model's input size: None, "WIDTHxHEIGHT" or a (width, height) pair -> (width, height)
+    of positive whole pixels. Any positive size, not a camera frame's range (`check_size`):
+    each model checks the multiples it needs.
+
+    Raises:
+        ConfigError: anything else (a word, one number, a zero or a fraction).
+    """
+    if value is None:
+        return None
+    pair = (_split_size(value) or value) if isinstance(value, str) else value
+    if (
+        isinstance(pair, (tuple, list))
+        and len(pair) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pair)
+    ):
+        return (int(pair[0]), int(pair[1]))
+    raise ConfigError(f"input size must look like WIDTHxHEIGHT (e.g. 640x384), got {value!r}")
 
 
 @dataclass(frozen=True)

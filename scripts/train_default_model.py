@@ -27,7 +27,7 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
-from drivepercept.eval import EvalThresholds, evaluate
+from drivepercept.eval import EvalThresholds, score_detections
 from drivepercept.models import tiny
 from drivepercept.sim.camera import CameraModel, default_rig_cameras
 from drivepercept.sim.render import Renderer
@@ -237,7 +237,7 @@ def validate(model: torch.nn.Module, samples: list[Sample]) -> dict[str, Any]:
         "annotations": annotations,
         "categories": [{"id": i + 1, "name": n} for i, n in enumerate(tiny.CLASSES)],
     }
-    report = evaluate(gt, frames, thresholds=EvalThresholds())
+    report = score_detections(gt, frames, thresholds=EvalThresholds())
     model.train()
     return {
         "map_50": report.map_50,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from drivepercept.errors import ConfigError
-from drivepercept.geometry import parse_size
+from drivepercept.geometry import parse_input_size, parse_size
 from drivepercept.rig import CameraConfig, RigConfig, load_rig, write_rig
 from drivepercept.sim.camera import default_rig_cameras
 from drivepercept.sim.config import SimulationConfig
@@ -85,6 +85,15 @@ def test_parse_size() -> None:
     for bad in ("640", "axb", "640x", "10x10", "99999x10"):
         with pytest.raises(ConfigError):
             parse_size(bad)
+
+
+def test_parse_input_size_takes_any_positive_size_as_text_or_pair() -> None:
+    assert parse_input_size(None) is None
+    assert parse_input_size(" 416X256 ") == (416, 256)
+    assert parse_input_size([16, 8]) == (16, 8)  # no camera frame range: the model checks
+    for bad in ("huge", "640x", "1.5x3", 416, (0, 3), [True, 2], (1, 2, 3)):
+        with pytest.raises(ConfigError, match="input size must look like WIDTHxHEIGHT"):
+            parse_input_size(bad)
 
 
 @pytest.mark.parametrize(

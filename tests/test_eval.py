@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from drivepercept.errors import ConfigError
-from drivepercept.eval import EvalThresholds, evaluate, load_ground_truth
+from drivepercept.eval import EvalThresholds, load_ground_truth, score_detections
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_videos"
 ORACLE = "drivepercept.models.oracle:make_oracle"
@@ -62,7 +62,7 @@ def test_ground_truth_scores_one_and_half_width_shift_scores_far_lower(
     ground_truth: dict[str, Any],
 ) -> None:
     frames = range(0, 120, 10)
-    perfect = evaluate(ground_truth, _gt_as_detections(ground_truth, frames))
+    perfect = score_detections(ground_truth, _gt_as_detections(ground_truth, frames))
     assert perfect.map_50 == pytest.approx(1.0)
     assert perfect.map_50_95 == pytest.approx(1.0)
     assert perfect.recall == pytest.approx(1.0)
@@ -76,7 +76,7 @@ def test_ground_truth_scores_one_and_half_width_shift_scores_far_lower(
     }
     assert all(v["ap_50"] == pytest.approx(1.0) for v in perfect.per_camera.values())
     assert perfect.images == 6 * len(frames) and perfect.targets > 50
-    shifted = evaluate(ground_truth, _gt_as_detections(ground_truth, frames, shift=0.5))
+    shifted = score_detections(ground_truth, _gt_as_detections(ground_truth, frames, shift=0.5))
     assert shifted.map_50 < 0.1
 
 
@@ -85,8 +85,8 @@ def test_scoring_without_per_camera_figures_gives_the_same_overall(
 ) -> None:
     frames = range(0, 120, 10)
     shifted = _gt_as_detections(ground_truth, frames, shift=0.3)
-    full = evaluate(ground_truth, shifted)
-    overall = evaluate(ground_truth, shifted, by_camera=False)
+    full = score_detections(ground_truth, shifted)
+    overall = score_detections(ground_truth, shifted, by_camera=False)
     assert overall.per_camera == {} and len(full.per_camera) == 6
     assert (overall.map_50, overall.map_50_95, overall.recall) == (
         full.map_50,
@@ -105,7 +105,9 @@ def test_detections_of_the_wrong_camera_score_low(ground_truth: dict[str, Any]) 
         "front_right": "back_left",
         "back_left": "front_right",
     }
-    report = evaluate(ground_truth, _gt_as_detections(ground_truth, range(0, 120, 20), swap=swap))
+    report = score_detections(
+        ground_truth, _gt_as_detections(ground_truth, range(0, 120, 20), swap=swap)
+    )
     assert report.map_50 < 0.2
 
 
@@ -118,15 +120,17 @@ def test_ignore_regions_are_neither_misses_nor_false_positives(
     def is_target(ann: dict[str, Any]) -> bool:
         return bool(ann["visibility"] >= 0.5 and ann["bbox"][3] >= 20)
 
-    only_targets = evaluate(
+    only_targets = score_detections(
         ground_truth, _gt_as_detections(ground_truth, frames, keep=is_target), thresholds=th
     )
-    everything = evaluate(ground_truth, _gt_as_detections(ground_truth, frames), thresholds=th)
+    everything = score_detections(
+        ground_truth, _gt_as_detections(ground_truth, frames), thresholds=th
+    )
     assert only_targets.map_50 == pytest.approx(1.0)  # ignored objects missed: no penalty
     assert everything.map_50 == pytest.approx(1.0)  # ignored objects found: no false positive
     assert everything.ignored > 0 and everything.targets == only_targets.targets
     # while with no ignore regions, the same "only targets" detections miss objects
-    strict = evaluate(
+    strict = score_detections(
         ground_truth,
         _gt_as_detections(ground_truth, frames, keep=is_target),
         thresholds=EvalThresholds(min_visibility=0.0, min_height_px=0),
@@ -144,11 +148,11 @@ def test_coco_class_names_map_onto_the_rig_classes(ground_truth: dict[str, Any])
     }
     for f in frames:
         f["class_names"] = [coco.get(n, n) for n in f["class_names"]]
-    assert evaluate(ground_truth, frames).map_50 == pytest.approx(1.0)
+    assert score_detections(ground_truth, frames).map_50 == pytest.approx(1.0)
 
 
 def test_camera_with_nothing_to_score_is_not_reported_as_zero(ground_truth: dict[str, Any]) -> None:
-    report = evaluate(ground_truth, _gt_as_detections(ground_truth, range(3)))
+    report = score_detections(ground_truth, _gt_as_detections(ground_truth, range(3)))
     empty = [c for c, ap in report.per_camera.items() if ap["ap_50"] < 0]
     assert empty == ["front_right"]  # no objects there in frames 0-2: n/a, not 0.0
     assert all(
@@ -162,11 +166,13 @@ def test_frames_without_detections_count_as_misses(ground_truth: dict[str, Any])
     wanted = [
         (im["camera"], im["frame_index"]) for im in ground_truth["images"] if im["frame_index"] < 20
     ]
-    report = evaluate(ground_truth, half, images=wanted)
+    report = score_detections(ground_truth, half, images=wanted)
     assert report.images == 6 * 20
     assert report.recall < 0.7 and report.map_50 < 0.7
     with pytest.raises(ConfigError, match="none of the evaluated frames"):
-        evaluate(ground_truth, [{**f, "frame_index": f["frame_index"] + 1000} for f in half])
+        score_detections(
+            ground_truth, [{**f, "frame_index": f["frame_index"] + 1000} for f in half]
+        )
 
 
 def test_a_model_that_detects_nothing_scores_zero_not_n_a(ground_truth: dict[str, Any]) -> None:
@@ -174,7 +180,7 @@ def test_a_model_that_detects_nothing_scores_zero_not_n_a(ground_truth: dict[str
         {**f, "boxes": [], "scores": [], "class_names": []}
         for f in _gt_as_detections(ground_truth, range(3))
     ]
-    report = evaluate(ground_truth, nothing)
+    report = score_detections(ground_truth, nothing)
     assert report.targets > 0 and report.detections == 0
     assert (report.map_50, report.map_50_95, report.recall, report.recall_50) == (0, 0, 0, 0)
     assert report.per_class and all(

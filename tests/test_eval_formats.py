@@ -33,7 +33,7 @@ from drivepercept.eval import (
     EvalThresholds,
     class_rule,
     class_table,
-    evaluate,
+    score_detections,
 )
 from drivepercept.run.groundtruth import GroundTruth, read_ground_truth
 from drivepercept.types import DRIVING_CLASSES
@@ -175,8 +175,8 @@ def test_min_visibility_turns_hidden_pedestrians_into_ignore_regions(
 ) -> None:
     truth = read_ground_truth(labelled.mot)
     targets_only = _as_detections(truth, ignores=False)
-    loose = evaluate(truth.coco, targets_only, thresholds=EvalThresholds(0.0, 0.0))
-    strict = evaluate(truth.coco, targets_only, thresholds=EvalThresholds(0.5, 0.0))
+    loose = score_detections(truth.coco, targets_only, thresholds=EvalThresholds(0.0, 0.0))
+    strict = score_detections(truth.coco, targets_only, thresholds=EvalThresholds(0.5, 0.0))
     considered, visible = labelled.mot_considered, labelled.mot_visible
     assert 0 < visible < considered
     assert visible == sum(r[7] == 1 and r[6] == 1 and r[8] >= 0.5 for r in _mot_rows(labelled))
@@ -212,7 +212,7 @@ def test_nuscenes_scores_only_the_camera_image_that_is_present(labelled: Labelle
 @pytest.mark.parametrize("source", ["mot", "kitti", "nuscenes"])
 def test_the_labels_as_detections_score_one(labelled: Labelled, source: str) -> None:
     truth = read_ground_truth(getattr(labelled, source))
-    report = evaluate(
+    report = score_detections(
         truth.coco, _as_detections(truth), thresholds=EvalThresholds(0.0, 0.0), images=None
     )
     assert report.map_50 == pytest.approx(1.0) and report.recall_50 == pytest.approx(1.0)
@@ -224,7 +224,7 @@ def test_the_labels_as_detections_score_one(labelled: Labelled, source: str) -> 
         frame["boxes"] = [
             [x0, y1 + 2 * (y1 - y0), x1, y1 + 3 * (y1 - y0)] for x0, y0, x1, y1 in frame["boxes"]
         ]
-    assert evaluate(truth.coco, moved, thresholds=EvalThresholds(0.0, 0.0)).map_50 < 0.1
+    assert score_detections(truth.coco, moved, thresholds=EvalThresholds(0.0, 0.0)).map_50 < 0.1
 
 
 # --------------------------------------------------------------------------- generic COCO
@@ -299,7 +299,7 @@ def test_detections_on_ignore_regions_and_unlabelled_classes_cost_nothing(
     frames[0]["boxes"].append([30, 5, 40, 15])  # a "traffic light" on the dog: no such class
     frames[0]["scores"].append(0.95)
     frames[0]["class_names"].append("traffic light")
-    report = evaluate(truth.coco, frames, thresholds=EvalThresholds(0.0, 0.0))
+    report = score_detections(truth.coco, frames, thresholds=EvalThresholds(0.0, 0.0))
     assert report.map_50 == pytest.approx(1.0)
     assert set(report.per_class) == {"pedestrian", "car", "cyclist"}
     assert report.per_class["pedestrian"]["targets"] == 1

@@ -18,7 +18,7 @@ from drivepercept.cli.parser import build_parser
 from drivepercept.engine.stages import postprocess
 from drivepercept.errors import ConfigError
 from drivepercept.models import ModelError, load_detector
-from drivepercept.run import Mode, RunOptions, evaluate, read_settings_file, run
+from drivepercept.run import Mode, RunOptions, evaluate_clip, read_settings_file, run
 
 pytest.importorskip("onnxruntime")
 
@@ -198,7 +198,7 @@ def test_eval_of_an_exported_tiny_equals_the_torch_tiny(tmp_path: Path) -> None:
     reports: dict[str, Any] = {}
     for model in ("drivepercept-tiny", str(onnx_file)):
         settings = {**common, "model": model, "out": str(tmp_path), "name": Path(model).stem}
-        result = evaluate(SAMPLE_RIG, settings=settings)
+        result = evaluate_clip(SAMPLE_RIG, settings=settings)
         assert result is not None
         reports[model] = result.report
     mine, theirs = reports[str(onnx_file)], reports["drivepercept-tiny"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from drivepercept.errors import ConfigError
+from drivepercept.geometry import parse_input_size
 from drivepercept.models import WeightsStore, load_detector
 from drivepercept.models.export import FORMATS, Exported, export_onnx
 from drivepercept.models.yolox_weights import NAMES as YOLOX_NAMES
-from drivepercept.run.options import _input_size
 
 
 def parse_batch(value: str | int | None) -> int | None:
@@ -56,7 +56,7 @@ def export_model(
     """
     if fmt not in FORMATS:
         raise ConfigError(f"export format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    size = _input_size(input_size)
+    size = parse_input_size(input_size)
     fixed_batch = parse_batch(batch)
     free_size = model in YOLOX_NAMES
     store = WeightsStore(Path(weights_dir) if weights_dir else None, weights_mirror)

@@ -11,14 +11,14 @@ image-folder reader emits them (a camera per folder, frames in name order), with
 driving classes, each a target or an ignore region (COCO "crowd": a detection of its class on
 it is neither a hit nor a false positive). Classes a table does not name are dropped, as when
 COCO scores a subset of its classes. Listed images that are absent are not scored.
+
+The files themselves are read and checked by `drivepercept.eval.truth` (one COCO validator);
+what is here is about the run: which images the pipeline reads, as which camera and frame.
 """
 
 from __future__ import annotations
 
-import configparser
-import json
 import logging
-import math
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -28,6 +28,7 @@ from typing import Any
 
 from drivepercept.errors import ConfigError
 from drivepercept.eval import (
+    COCO_ANNOTATIONS,
     GROUND_TRUTH_FILE,
     MOT_CLASSES,
     ClassRule,
@@ -35,6 +36,9 @@ from drivepercept.eval import (
     class_table,
     clip_paths,
     load_ground_truth,
+    read_coco_json,
+    read_mot_rows,
+    read_seqinfo,
 )
 from drivepercept.geometry import MAX_CAMERAS
 from drivepercept.rig import resolve_cameras, safe_name
@@ -42,8 +46,6 @@ from drivepercept.sources.readers import IMAGE_SUFFIXES, image_files
 from drivepercept.types import DRIVING_CLASSES
 
 log = logging.getLogger(__name__)
-
-MOT_COLUMNS = "frame, id, x, y, w, h, consider, class, visibility"
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def read_synthetic(clip: Path, *, ground_truth: Path | None = None) -> GroundTru
 def read_mot(seq: Path, *, gt_file: Path | None = None) -> GroundTruth:
     """A MOTChallenge sequence: every image of `img1/` is scored (frame N is `N.jpg`,
     1-based), against the rows of `gt/gt.txt` (1-based pixels: moved to 0-based)."""
-    info = _seqinfo(seq / "seqinfo.ini")
+    info = read_seqinfo(seq / "seqinfo.ini")
     folder = seq / info.get("imdir", "img1")
     name = safe_name(info.get("name", seq.name))
     length = int(info["seqlength"]) if info.get("seqlength", "").isdigit() else 0
@@ -127,7 +129,7 @@ def read_mot(seq: Path, *, gt_file: Path | None = None) -> GroundTruth:
     by_frame = {frame: n for n, (frame, _, _) in enumerate(frames, start=1)}
     gt_file = gt_file or seq / "gt" / "gt.txt"
     annotations = []
-    for row in _mot_rows(gt_file):
+    for row in read_mot_rows(gt_file):
         frame, _, x, y, w, h, consider, cls, visibility = row[:9]
         rule = MOT_CLASSES.get(int(cls))
         image_id = by_frame.get(int(frame))
@@ -137,43 +139,6 @@ def read_mot(seq: Path, *, gt_file: Path | None = None) -> GroundTruth:
         box = [x - 1.0, y - 1.0, w, h]
         annotations.append(_annotation(image_id, rule, box, scored=scored, visibility=visibility))
     return _ground_truth("mot", gt_file, {name: folder}, images, annotations)
-
-
-def _seqinfo(path: Path) -> dict[str, str]:
-    parser = configparser.ConfigParser()
-    try:
-        parser.read_string(path.read_text(encoding="utf-8"))
-    except configparser.MissingSectionHeaderError:
-        pass  # said below
-    except (OSError, UnicodeDecodeError, configparser.Error) as exc:
-        raise ConfigError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
-    if not parser.has_section("Sequence"):
-        raise ConfigError(f"{path} has no [Sequence] section (a MOTChallenge seqinfo.ini)")
-    return dict(parser["Sequence"])  # keys lower-cased by configparser
-
-
-def _mot_rows(path: Path) -> list[tuple[float, ...]]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"no ground truth at {path} (MOTChallenge test sets have none)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from None
-    rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = tuple(float(v) for v in line.split(","))
-        except ValueError:
-            row = ()
-        if len(row) < 9 or not all(math.isfinite(v) for v in row) or min(row[4:6]) < 0:
-            raise ConfigError(
-                f"{path} line {n}: expected {MOT_COLUMNS} (numbers, w and h >= 0), "
-                f"got {line[:80]!r}"
-            )
-        rows.append(row)
-    return rows
 
 
 # --------------------------------------------------------------------------- COCO json
@@ -186,7 +151,7 @@ def read_coco(path: Path, *, images: Path) -> GroundTruth:
     (car, bicycle, trailer, ...) when every name is one of theirs, else COCO's via
     `canonical_class`. 3D fields and segmentations are not read.
     """
-    data = _coco_json(path)
+    data = read_coco_json(path, COCO_ANNOTATIONS)
     table = class_table(c["name"] for c in data["categories"])
     rules = {c["id"]: class_rule(table, c["name"]) for c in data["categories"]}
     if not images.is_dir():
@@ -234,51 +199,6 @@ def read_coco(path: Path, *, images: Path) -> GroundTruth:
         log.info("%d of %d images listed in %s are not below %s", missing, listed, path, images)
     cameras = {name: folder for folder, name in folders.items()}
     return _ground_truth(table, path, cameras, images_out, annotations, missing=missing)
-
-
-def _coco_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"annotation file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read annotation file {path}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"annotation file {path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or not all(
-        isinstance(data.get(k), list) for k in ("images", "annotations", "categories")
-    ):
-        raise ConfigError(f"{path} is not a COCO annotation file: no images/annotations/categories")
-    where = "images"
-    try:
-        for im in data["images"]:
-            _require(_is_key(im["id"]) and isinstance(im["file_name"], str), im, "id, file_name")
-        where = "categories"
-        for cat in data["categories"]:
-            _require(_is_key(cat["id"]) and isinstance(cat["name"], str), cat, "id, name")
-        where = "annotations"
-        for ann in data["annotations"]:
-            box = ann["bbox"]
-            ok_box = isinstance(box, list) and len(box) == 4 and all(map(_finite, box))
-            _require(ok_box and min(box[2:]) >= 0, ann, "bbox [x, y, w >= 0, h >= 0]")
-            _require(_is_key(ann["image_id"]) and _is_key(ann["category_id"]), ann, "ids")
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: malformed COCO {where} ({type(exc).__name__}: {exc})") from None
-    return data
-
-
-def _require(ok: bool, item: Mapping[str, Any], what: str) -> None:
-    if not ok:
-        shown = {k: v for k, v in item.items() if k in ("id", "file_name", "name", "bbox")}
-        raise ValueError(f"expected {what}, got {shown}")
-
-
-def _is_key(value: object) -> bool:
-    return isinstance(value, (int, str)) and not isinstance(value, bool)
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class _ImageFinder:

@@ -25,6 +25,7 @@ from torchvision.ops import box_iou
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.step import DetectorStep
 from drivepercept.errors import ConfigError
+from drivepercept.geometry import parse_input_size
 from drivepercept.models.onnx import build
 from drivepercept.models.onnx.quantize import FORMATS as FORMATS  # the CLI's --format choices
 from drivepercept.models.onnx.quantize import (
@@ -34,7 +35,6 @@ from drivepercept.models.onnx.quantize import (
     quantize_onnx,
 )
 from drivepercept.rig import camera_source, resolve_cameras
-from drivepercept.run.options import _input_size
 from drivepercept.sources.prepare import prepare
 from drivepercept.sources.readers import open_reader
 from drivepercept.types import ImageU8, InputSpec
@@ -136,7 +136,7 @@ def quantize_model(
     if frames <= 0:
         raise ConfigError(f"--frames must be a positive number of frames, got {frames}")
     started = time.perf_counter()
-    size = _input_size(input_size)
+    size = parse_input_size(input_size)
     detector = float_model(Path(model), input_size=size)
     target = Path(out) if out is not None else default_out(Path(model))
     check_destination(Path(model), target)
