@@ -34,7 +34,7 @@ from drivepercept.sinks.base import LoadSink, Sink
 from drivepercept.sinks.fanout import OnFailure, SinkPolicy, SinkSet
 from drivepercept.sources.decoder import DecoderThread
 from drivepercept.sources.readers import FrameReader
-from drivepercept.telemetry.counters import CameraFigures, CameraStats, RunCounters, RunStats
+from drivepercept.telemetry.counters import CameraFigures, RunCounters, RunStats
 from drivepercept.telemetry.sampler import LoadSampler, gpu_refs
 from drivepercept.types import (
     Batch,
@@ -43,6 +43,8 @@ from drivepercept.types import (
     DropPolicy,
     FrameResult,
     LoadSample,
+    PipelineDescription,
+    RunProgress,
 )
 
 log = logging.getLogger(__name__)
@@ -275,7 +277,7 @@ class Pipeline:
     def run(
         self,
         *,
-        progress: Callable[[Pipeline], None] | None = None,
+        progress: Callable[[RunProgress], bool | None] | None = None,
         progress_interval_s: float = 0.5,
         duration_s: float | None = None,
     ) -> RunStats:
@@ -285,7 +287,9 @@ class Pipeline:
         the frames already read drain out: the drain ends when the last of them is emitted,
         or at `config.drain_timeout_s` at the latest; then every thread is stopped (within
         JOIN_TIMEOUT_S). On Ctrl-C the result has interrupted=True; either way
-        everything emitted is in the sinks. A second Ctrl-C skips the drain.
+        everything emitted is in the sinks. A second Ctrl-C skips the drain. `progress` gets
+        a reading every `progress_interval_s` and after the stop; True from it stops capture
+        as `duration_s` does.
 
         Raises:
             PipelineError: a stage failed (the cause is attached).
@@ -307,7 +311,8 @@ class Pipeline:
                     break
                 if progress is not None and now - last_progress >= progress_interval_s:
                     last_progress = now
-                    progress(self)
+                    if progress(self.progress()) and drain_until is None:
+                        drain_until = self.stop_capture()  # the caller's window is over
         except KeyboardInterrupt:
             interrupted = True
             log.warning("interrupted: stopping capture, draining, closing outputs")
@@ -320,7 +325,7 @@ class Pipeline:
             self._log_drain()
         not_stopped = self._shutdown()
         if progress is not None:
-            progress(self)
+            progress(self.progress())
         if self._errors and interrupted:
             for exc in self._errors:  # the interrupt wins, but nothing is swallowed silently
                 log.error("while stopping: %s: %s", type(exc).__name__, exc)
@@ -408,36 +413,14 @@ class Pipeline:
     ) -> RunStats:
         """Statistics of what has been emitted so far."""
         figures = self.counters.cameras()
-        snapshots = self._snapshots(figures)  # one reading: the totals add up
-        frames = sum(f.frames for f in figures)
-        batches = self.counters.batches
-        span_s = self.counters.span_s()
-        cams = tuple(
-            CameraStats(
-                name=snap.name,
-                frames=snap.frames,
-                dropped=snap.dropped,
-                fps=fig.fps,
-                latency_ms=fig.latency_ms,
-                short_by=snap.short_by,
-                undecodable=snap.undecodable,
-                discarded=snap.discarded,
-                read=snap.read,
-                decoded=snap.decoded,
-                prepared=snap.prepared,
-            )
-            for snap, fig in zip(snapshots, figures, strict=True)
-        )
-        return RunStats(
-            cameras=cams,
-            elapsed_s=span_s if span_s > 0 else elapsed_s,
-            frames=frames,
-            batches=batches,
+        return self.counters.stats(
+            self._snapshots(figures),  # one reading: the totals add up
+            figures,
+            elapsed_s=elapsed_s,
             partial_batches=self.batcher.partial_batches,
             interrupted=interrupted,
             threads_not_stopped=not_stopped,
             device=str(self.device),
-            mean_batch_size=frames / batches if batches else 0.0,
             queue_high_water=tuple(self.queues.high_water()),
             warmup=self.engine.warmup,
             in_flight_high_water=self.engine.in_flight_high_water,
@@ -445,3 +428,22 @@ class Pipeline:
             failed_frames=self.engine.failures.frames,
             batch_error=self.engine.failures.last,
         )
+
+    def describe(self) -> PipelineDescription:
+        """What this pipeline runs on and with (what a job records of it)."""
+        step, runtime = self.engine.step, self.detector.runtime
+        return PipelineDescription(
+            config=dataclasses.asdict(self.config),
+            device=str(self.device),
+            threads=step.threads,
+            lanes=step.lanes.count,
+            runtime=runtime() if runtime is not None else None,
+            telemetry=self.sampler.describe() if self.sampler is not None else None,
+            sinks={name: r.as_dict() for name, r in self.sinks.report().items()},
+        )
+
+    def progress(self) -> RunProgress:
+        """A reading for progress displays: what `run` hands its callback."""
+        expected = [d.expected_frames for d in self.decoders]
+        total = -1 if -1 in expected else sum(expected)
+        return RunProgress(self.cameras(), self.latest_load(), sum(self.frames_done()), total)

@@ -1,5 +1,5 @@
-"""Faults injected into real runs, each with the behaviour the README's "What happens when"
-table promises: a full disk, a read-only output folder, a camera that stalls without closing,
+"""Faults injected into real runs, each with the behaviour the table in docs/FAULTS.md
+promises: a full disk, a read-only output folder, a camera that stalls without closing,
 and a camera that changes resolution mid-stream (MJPEG, read frame by frame).
 
 (A decoder or a model raising, and slow or failing outputs, are in test_pipeline.py and
@@ -193,13 +193,13 @@ def test_a_camera_that_stalls_without_closing_is_reconnected_and_the_other_goes_
     # then the stalled camera is noticed after the read timeout (1 s), reconnected, and
     # streams again; the run is a success
     live = result.record.live
-    states = [c["state"] for c in live["back"]["changes"]]
+    states = [c.state for c in live["back"].changes]
     assert states[:4] == ["connecting", "streaming", "reconnecting", "streaming"], states
-    details = [c["detail"] for c in live["back"]["changes"]]
+    details = [c.detail for c in live["back"].changes]
     # with the reason: nothing arrived within the read timeout
     lost = "the stream stopped delivering frames: the read timeout passed"
     assert any(d.startswith(lost) for d in details), details
-    assert result.failure() is None and live["front"]["changes"][-1]["state"] == "ended"
+    assert result.failure() is None and live["front"].changes[-1].state == "ended"
     # and "front" went on at its pace through the stall (15 fps: 37 frames in 2.5 s)
     frames = _frames(result.run_dir)
     front = [f for f in frames if f["camera"] == "front"]
@@ -233,7 +233,7 @@ def test_a_served_camera_that_changes_resolution_gets_boxes_in_each_frames_pixel
     # (the whole frame) is in its own pixels
     assert len(after) >= 25 and result.failure() is None
     assert _right_edges(before) == {640} and _right_edges(after) == {320}
-    assert [c["state"] for c in result.record.live["front"]["changes"]] == [
+    assert [c.state for c in result.record.live["front"].changes] == [
         "connecting",
         "streaming",
         "ended",

@@ -15,7 +15,7 @@ from drivepercept.config import PipelineConfig
 from drivepercept.models.base import Detector, InputSpec
 from drivepercept.models.oracle import make_oracle
 from drivepercept.pipeline import JOIN_TIMEOUT_S, Pipeline, PipelineError
-from drivepercept.types import CameraState, FrameResult
+from drivepercept.types import CameraState, FrameResult, RunProgress
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -249,7 +249,7 @@ def test_keyboard_interrupt_stops_within_the_join_budget() -> None:
     cams = [(f"c{i}", FakeReader(frames=100_000, pace_s=0.002)) for i in range(3)]
     calls = {"n": 0}
 
-    def interrupt(p: Pipeline) -> None:
+    def interrupt(_: RunProgress) -> None:
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
@@ -366,7 +366,7 @@ def test_results_after_the_join_budget_are_dropped_not_written_to_closed_sinks()
     sink = Collect()
     calls = {"n": 0}
 
-    def interrupt(p: Pipeline) -> None:
+    def interrupt(_: RunProgress) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt
@@ -403,8 +403,8 @@ def test_camera_snapshots_and_load_samples_while_running() -> None:
     loads = Loads()
     views = []
 
-    def progress(p: Pipeline) -> None:
-        views.append((p.cameras(window_s=0.5), p.latest_load()))
+    def progress(p: RunProgress) -> None:
+        views.append((p.cameras, p.load))
 
     with Pipeline(
         cameras=[
@@ -461,3 +461,29 @@ def test_duration_stops_capture_and_drains_what_was_read() -> None:
     assert 0.5 <= elapsed < 0.5 + 1.5
     assert not stats.interrupted and stats.threads_not_stopped == ()
     assert 10 < stats.frames == sum(d.frames_read for d in pipeline.decoders)
+
+
+@pytest.mark.timeout(30)
+def test_progress_gets_readings_and_may_stop_capture() -> None:
+    # given three cameras of 40 frames each, read slowly, and a callback that has seen enough
+    # once 12 results are out
+    seen: list[RunProgress] = []
+
+    def enough(p: RunProgress) -> bool:
+        seen.append(p)
+        return p.frames_done >= 12
+
+    cams = [(f"c{i}", FakeReader(frames=40, pace_s=0.01)) for i in range(3)]
+    with Pipeline(cameras=cams, detector=make_oracle(size=(64, 64)), config=_cpu()) as p:
+        stats = p.run(progress=enough, progress_interval_s=0.05)
+        described = p.describe()
+    # then it was handed readings, not the pipeline, and its True stopped capture early,
+    # with what was read drained out as a duration's end does
+    assert all(isinstance(r, RunProgress) for r in seen) and seen[0].expected_frames == 120
+    assert [c.name for c in seen[-1].cameras] == ["c0", "c1", "c2"]
+    assert 12 <= stats.frames < 120 and not stats.interrupted
+    assert seen[-1].frames_done == stats.frames  # the last reading is taken after the stop
+    # and the description says what ran, as a job records it
+    assert described.device == "cpu" and described.runtime is None
+    assert described.threads >= 1 and described.lanes >= 1
+    assert described.config["batch_timeout_ms"] == p.config.batch_timeout_ms

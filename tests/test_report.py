@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from drivepercept.cli import main
+from drivepercept.cli.commands import EXIT_PARTIAL
 from drivepercept.report import load_run, write_comparison, write_report
 from drivepercept.report.trace import build_trace
 from drivepercept.sinks import FrameTimingCsvSink, LoadCsvSink
@@ -599,7 +600,8 @@ _BAIT = "<img src=x onerror=\"document.title='PWNED'\"><script>document.title='P
 
 def _crafted(sample_run: Path, tmp_path: Path) -> Path:
     """A copy of the sample run whose run.json carries markup in every kind of field a
-    sender controls: a source's size, names, the model, config and environment values."""
+    sender controls: a source's size, names, the model, config and environment values (a
+    size is a number in run.json's typed sources: markup there is dropped and named)."""
     folder = tmp_path / "crafted"
     shutil.copytree(sample_run, folder)
     (folder / "report.html").unlink()
@@ -621,8 +623,9 @@ def test_markup_in_a_crafted_run_json_reaches_the_report_as_text(
     sample_run: Path, tmp_path: Path
 ) -> None:
     folder = _crafted(sample_run, tmp_path)
-    assert main(["report", str(folder)]) == 0
+    assert main(["report", str(folder)]) == EXIT_PARTIAL  # the sizes that are not numbers
     page = (folder / "report.html").read_text()
+    assert "source.width: unexpected str; ignored" in page
     # then no tag of the bait survives, and its text is there, escaped
     assert "<script" not in page and "<img src=x" not in page and 'onerror="' not in page
     assert page.count("&lt;script&gt;") >= 5
@@ -652,5 +655,5 @@ def test_a_crafted_run_json_runs_no_script_in_headless_chromium(
     assert title(bait) == "PWNED"
     # the report of the crafted folder keeps its own title
     folder = _crafted(sample_run, tmp_path)
-    assert main(["report", str(folder)]) == 0
+    assert main(["report", str(folder)]) == EXIT_PARTIAL
     assert title(folder / "report.html").startswith("drivepercept report")

@@ -17,7 +17,7 @@ from drivepercept.config import PipelineConfig
 from drivepercept.errors import ConfigError
 from drivepercept.models.oracle import make_oracle
 from drivepercept.pipeline import Pipeline, PipelineError
-from drivepercept.run import DEFAULT_MODEL, Mode, RunOptions, run
+from drivepercept.run import DEFAULT_MODEL, Mode, ModelOptions, RunOptions, run
 from drivepercept.rundir import RunDir, RunRecord
 from drivepercept.sinks.fanout import OnFailure, SinkPolicy, SinkSet
 from drivepercept.types import FrameResult
@@ -131,13 +131,35 @@ def test_a_replay_through_the_python_api_matches_its_run_folder(tmp_path: Path) 
     record = folder.read_record()
     assert record == result.record
     assert (record.command, record.mode, record.status) == ("replay", "replay", "complete")
-    assert record.summary is not None and record.summary["frames"] == 18
+    assert record.summary is not None and record.summary.frames == 18
     frames = list(result.detections())
     assert len(frames) == 18
     assert {f["camera"] for f in frames} == {c.name for c in result.cameras}
     summary = json.loads(folder.summary_json.read_text())
     assert summary["frames"] == 18 and summary["run"]["command"] == "replay"
-    assert record.sinks is not None and record.sinks["detections"]["frames_written"] == 18
+    assert record.sinks is not None and record.sinks["detections"].frames_written == 18
+    # and run.json's typed sections keep every key the file holds, and write it back whole
+    raw = json.loads(folder.run_json.read_text())
+    assert record.to_json() == raw
+    assert record.telemetry is not None and record.telemetry.cpu_count >= 1
+    assert record.sources[0].width > 0 and record.model.input_size == (448, 256)
+
+
+def test_a_damaged_section_keeps_what_fits_and_names_what_does_not() -> None:
+    # given a run.json whose summary has a counter written as text and a camera that is not
+    # an object, and whose live camera's changes hold a stray number
+    data = {
+        "command": "live",
+        "mode": "live",
+        "summary": {"frames": "12", "batches": 3, "cameras": {"a": {"frames": 4}, "b": 7}},
+        "live": {"a": {"state": "ended", "changes": [{"state": "streaming"}, 5]}},
+    }
+    record, problems = RunRecord.from_json(data)
+    # then the rest is read, and what did not fit is named
+    assert record.summary is not None and record.summary.batches == 3
+    assert record.summary.frames == 0 and list(record.summary.cameras) == ["a"]
+    assert record.live is not None and [c.state for c in record.live["a"].changes] == ["streaming"]
+    assert problems == ["summary.frames: unexpected str; ignored"]
 
 
 def test_run_json_of_version_1_still_reads() -> None:
@@ -253,7 +275,7 @@ def test_an_output_failure_is_in_run_json_and_the_summary_line(tmp_path: Path) -
     result = run(options, sinks=[(BrokenSink(after=3), SinkPolicy())])
     assert result.record.status == "complete" and result.stats.frames == 12
     assert result.record.sinks is not None
-    assert "No space left" in result.record.sinks["BrokenSink"]["failed"]
+    assert "No space left" in (result.record.sinks["BrokenSink"].failed or "")
     assert "output BrokenSink failed (set aside)" in summary_table(result)
     why = result.failure()  # a partial run: exit 3
     assert why is not None and why.startswith("output(s) failed and were set aside")
@@ -282,3 +304,23 @@ def test_every_api_name_is_the_thing_it_names_not_a_module() -> None:
     importlib.import_module("drivepercept.run.evaluation")  # imported first, elsewhere
     for name in api.__all__:
         assert not isinstance(getattr(api, name), types.ModuleType), name
+
+
+def test_model_options_are_one_hashable_value_read_from_settings_once() -> None:
+    # given a settings table as the CLI and eval merge it (a file's keys, flags over them)
+    settings = {"model": "yolox-nano", "weights": "none", "input_size": "512x288"}
+    settings |= {"runtime": "torch", "classes": "all", "out": "elsewhere"}
+    model = ModelOptions.from_settings(settings)
+    # when a run is made from them
+    options = RunOptions(sources=("sample_videos/rig.toml",), **model.run_fields())
+    # then the run's model options are those, checked (the size parsed), and hashable: a
+    # fleet worker keys its loaded detectors by them
+    resolved = options.model_options
+    assert resolved.model == "yolox-nano" and resolved.input_size == (512, 288)
+    assert resolved.runtime == "torch" and resolved.classes == "all"
+    assert resolved.weights == "none" and resolved.onnx_batch is None  # the default
+    assert {resolved: 1}[RunOptions(sources=("x.mp4",), **resolved.run_fields()).model_options]
+    assert ModelOptions.from_settings({}) == ModelOptions()  # nothing given: the defaults
+    # the modes say how they read their cameras
+    assert [m.pacing.value for m in Mode] == ["as_fast_as_possible", "paced", "live"]
+    assert not Mode.REPLAY.pacing.paced and Mode.REALTIME.pacing.paced

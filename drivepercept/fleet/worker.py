@@ -28,15 +28,14 @@ from drivepercept.errors import DrivePerceptError, one_line
 from drivepercept.fleet.drives import Drive
 from drivepercept.fleet.options import FleetOptions, fingerprint
 from drivepercept.models.base import Detector
-from drivepercept.pipeline import Pipeline
 from drivepercept.run.evaluation import score_run
 from drivepercept.run.groundtruth import read_ground_truth
 from drivepercept.run.job import RunResult, load_model, run
-from drivepercept.run.options import RunOptions
+from drivepercept.run.options import ModelOptions, RunOptions
 from drivepercept.rundir import RunDir, write_json
 from drivepercept.sinks.fanout import SinkPolicy
 from drivepercept.telemetry.stats import LatencyHistogram
-from drivepercept.types import FrameResult
+from drivepercept.types import FrameResult, RunProgress
 
 # how a drive ended: complete, failed (its own input or the model), cancelled (the fleet was
 # stopped), lost (its worker died more often than the retries allow)
@@ -133,7 +132,7 @@ class DriveWorker:
 
     def __init__(self, options: FleetOptions) -> None:
         self._options = options
-        self._detectors: dict[tuple[Any, ...], Detector] = {}
+        self._detectors: dict[ModelOptions, Detector] = {}
         self._lock = threading.Lock()
         self._frames_now = 0
         self._drive_now: str | None = None
@@ -148,17 +147,14 @@ class DriveWorker:
         return os.getpid()
 
     def _detector(self, options: RunOptions) -> Detector:
-        key: tuple[Any, ...] = (options.model_name, options.weights, options.classes)
-        key += (options.input_size, options.weights_dir, options.weights_mirror)
-        key += (options.onnx_layout, options.onnx_batch, options.trt_cache)
-        key += (options.runtime, options.onnx_cache)  # the settings are the fleet's, shared
+        key = options.model_options  # the settings are the fleet's, shared by its drives
         if key not in self._detectors:
             self._detectors[key] = load_model(options)
         return self._detectors[key]
 
-    def _on_progress(self, pipeline: Pipeline) -> None:
+    def _on_progress(self, progress: RunProgress) -> None:
         with self._lock:
-            self._frames_now = sum(pipeline.frames_done())
+            self._frames_now = progress.frames_done
 
     def run_drive(self, drive: Drive) -> DriveOutcome:
         """Replay one drive into <out>/<drive>/ and say how it went; the drive's own errors

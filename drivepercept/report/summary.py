@@ -44,6 +44,7 @@ import numpy as np
 
 from drivepercept.report.rundata import LoadTable, RunData
 from drivepercept.rundir import RunDir, RunRecord
+from drivepercept.rundir.sections import LiveCameraRecord, TelemetryRecord
 from drivepercept.telemetry.sampler import throttle_names
 from drivepercept.telemetry.stats import (
     LatencyStats,
@@ -96,41 +97,38 @@ def _deadline(values_ms: Any, budget_ms: float) -> dict[str, Any]:
 def _camera_record(tl: Timeline, index: int, run: RunRecord, budget_ms: float) -> dict[str, Any]:
     cam = tl.camera(index)
     e2e = cam.end_to_end_ms
-    recorded = (run.summary or {}).get("cameras", {}).get(tl.cameras[index], {})
-    dropped = recorded.get("dropped")
+    recorded = run.summary.cameras.get(tl.cameras[index]) if run.summary else None
     return {
         "frames": len(cam),
         "throughput_fps": _num(rate_fps(len(cam), cam.origin_ns, cam.end_ns)),
         "end_to_end_ms": latency_stats(e2e).as_dict(),
         "deadline": _deadline(e2e, budget_ms),
         "stages": {k: v.as_dict() for k, v in _stage_stats(cam).items()},
-        "dropped": dropped if isinstance(dropped, int) else None,
+        "dropped": recorded.dropped if recorded else None,
         "frame_index_gaps": frame_index_gaps(cam.frame_index),
-        "frames_missing_from_source": recorded.get("frames_missing_from_source"),
+        "frames_missing_from_source": recorded.frames_missing_from_source if recorded else None,
         "live": _live_camera((run.live or {}).get(tl.cameras[index]), run, tl.cameras[index]),
     }
 
 
-def _live_camera(record: Any, run: RunRecord, camera: str) -> dict[str, Any] | None:
+def _live_camera(
+    record: LiveCameraRecord | None, run: RunRecord, camera: str
+) -> dict[str, Any] | None:
     """A live camera's final state, reconnects, outages and down time (from run.json)."""
-    if not isinstance(record, dict):
+    if record is None:
         return None
-    changes = [c for c in record.get("changes", []) if isinstance(c, dict)]
-    fps = next(
-        (s.get("fps") for s in run.sources if s.get("camera") == camera),
-        None,
-    )
+    fps = next((s.fps for s in run.sources if s.camera == camera), None)
     return {
-        "source": record.get("source"),
-        "state": record.get("state"),
-        "connects": record.get("connects"),
-        "failed_attempts": record.get("failed_attempts"),
-        "last_error": record.get("last_error"),
-        "downtime_s": record.get("downtime_s"),
-        "outage_s": record.get("outage_s"),
-        "frames_received": record.get("frames_received"),
-        "frames_lost_estimate": record.get("frames_lost_estimate"),
-        "changes": changes,
+        "source": record.source,
+        "state": record.state,
+        "connects": record.connects,
+        "failed_attempts": record.failed_attempts,
+        "last_error": record.last_error,
+        "downtime_s": record.downtime_s,
+        "outage_s": record.outage_s,
+        "frames_received": record.frames_received,
+        "frames_lost_estimate": record.frames_lost_estimate,
+        "changes": [c.to_json() for c in record.changes],
         "fps_nominal": fps,
     }
 
@@ -144,15 +142,16 @@ def _mean_max(values: np.ndarray | None, digits: int = 2) -> dict[str, float | N
     return {"mean": _num(float(v.mean()), digits), "max": _num(float(v.max()), digits)}
 
 
-def load_summary(load: LoadTable | None, telemetry: dict[str, Any]) -> dict[str, Any]:
+def load_summary(load: LoadTable | None, telemetry: TelemetryRecord | None) -> dict[str, Any]:
     """Mean and max of each load figure; GPU names from run.json's telemetry record."""
-    gpus_info = telemetry.get("gpus", []) if isinstance(telemetry, dict) else []
-    reason = telemetry.get("gpu_unavailable") if isinstance(telemetry, dict) else None
+    gpus_info = telemetry.gpus if telemetry is not None else ()
+    reason = telemetry.gpu_unavailable if telemetry is not None else None
+    rate_hz = telemetry.rate_hz if telemetry is not None else None
     if load is None:
         reason = reason or f"no load samples (the sampler was off, or {RunDir.LOAD_CSV} is missing)"
         return {
             "samples": 0,
-            "rate_hz": telemetry.get("rate_hz") if isinstance(telemetry, dict) else None,
+            "rate_hz": rate_hz,
             "gpu_unavailable": reason,
             "process_cpu_pct": _mean_max(None),
             "system_cpu_pct": _mean_max(None),
@@ -161,7 +160,7 @@ def load_summary(load: LoadTable | None, telemetry: dict[str, Any]) -> dict[str,
         }
     gpus = []
     for g in range(load.gpu_count):
-        info = gpus_info[g] if g < len(gpus_info) and isinstance(gpus_info[g], dict) else {}
+        info = gpus_info[g] if g < len(gpus_info) else {}
         throttle = load.column(f"gpu{g}_throttle_reasons")
         seen = 0
         if throttle is not None:
@@ -189,7 +188,7 @@ def load_summary(load: LoadTable | None, telemetry: dict[str, Any]) -> dict[str,
         reason = f"{RunDir.LOAD_CSV} has no GPU columns"
     return {
         "samples": len(load),
-        "rate_hz": telemetry.get("rate_hz") if isinstance(telemetry, dict) else None,
+        "rate_hz": rate_hz,
         "gpu_unavailable": reason,
         "process_cpu_pct": _mean_max(load.column("process_cpu_pct")),
         "system_cpu_pct": _mean_max(load.column("system_cpu_pct")),
@@ -217,7 +216,6 @@ def build_summary(
         for i, name in enumerate(tl.cameras)
     }
     fill = batch_fill(tl.batch_index, tl.batch_size, cameras=len(tl.cameras))
-    telemetry = run.telemetry or {}
     return {
         "schema": SUMMARY_SCHEMA,
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -226,17 +224,15 @@ def build_summary(
             "status": data.status,
             "started": run.started or None,
             "command": run.command,
-            "model": run.model or None,
+            "model": run.model.to_json() if run.model.name else None,
             "config": run.config or None,
             "environment": run.environment or None,
-            "sources": run.sources or None,
-            "telemetry": telemetry or None,
+            "sources": [s.to_json() for s in run.sources] or None,
+            "telemetry": run.telemetry.to_json() if run.telemetry else None,
         },
         "problems": list(data.problems),
         "outputs_failed": {
-            name: out["failed"]
-            for name, out in (run.sinks or {}).items()
-            if isinstance(out, dict) and out.get("failed")
+            name: out.failed for name, out in (run.sinks or {}).items() if out.failed
         },
         "budget_ms": budget_ms,
         "window_s": window_s,
@@ -265,7 +261,7 @@ def build_summary(
                 capture_spread_ms(tl.batch_index, tl.stamps["capture"])
             ).as_dict(),
         },
-        "load": load_summary(data.load, telemetry),
+        "load": load_summary(data.load, run.telemetry),
     }
 
 

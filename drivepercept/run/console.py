@@ -11,10 +11,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from drivepercept.report import ReportResult
-from drivepercept.types import CameraSnapshot, LoadSample
+from drivepercept.types import CameraSnapshot, LoadSample, RunProgress
 
 if TYPE_CHECKING:  # torch: `drivepercept report` prints report lines without loading it
-    from drivepercept.pipeline import Pipeline
     from drivepercept.run.job import RunResult
 
 log = logging.getLogger("drivepercept")
@@ -52,20 +51,20 @@ class Progress:
         self.status = ""
         self.drawn = False
 
-    def __call__(self, pipeline: Pipeline) -> None:
+    def __call__(self, progress: RunProgress) -> None:
         if not (self.enabled or self.log_status):
             return
         now = time.monotonic()
         if now - self.last_status >= 1.0:
             self.last_status = now
-            self.status = status_line(pipeline.cameras(), pipeline.latest_load())
+            self.status = status_line(progress.cameras, progress.load)
             if self.log_status:
                 log.info("%s", self.status)
         if not self.enabled:
             return
         if self.total is None:
-            self.total = expected_frames(pipeline)
-        done = sum(pipeline.frames_done())
+            self.total = progress.expected_frames
+        done = progress.frames_done
         elapsed = max(now - self.started, 1e-9)
         if self.total and self.total > 0:
             bar = "#" * int(min(done / self.total, 1.0) * 30)
@@ -104,7 +103,7 @@ def summary_table(result: RunResult) -> str:
         f"({s.batches} batches, {s.partial_batches} partial, mean size "
         f"{s.mean_batch_size:.2f}, device {s.device})"
     )
-    failed = {n: r["failed"] for n, r in (result.record.sinks or {}).items() if r.get("failed")}
+    failed = {n: r.failed for n, r in (result.record.sinks or {}).items() if r.failed}
     rows += [f"output {name} failed (set aside): {why}" for name, why in failed.items()]
     return "\n".join(rows)
 
@@ -123,17 +122,3 @@ def report_lines(report: ReportResult) -> list[str]:
     if reason:
         lines.append(f"GPU metrics unavailable: {reason}")
     return lines
-
-
-def expected_frames(pipeline: Pipeline) -> int:
-    """Frames the run will process if every source holds what its container says (-1 if
-    a source's length is unknown, e.g. a stream)."""
-    total = 0
-    for d in pipeline.decoders:
-        count = d.reader.info.frame_count
-        if d.max_frames:
-            count = min(count, d.max_frames) if count > 0 else d.max_frames
-        if count < 0:
-            return -1
-        total += count
-    return total

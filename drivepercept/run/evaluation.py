@@ -1,10 +1,10 @@
-"""`evaluate`: labelled data through the replay pipeline, scored (eval.json).
+"""`evaluate_clip`: labelled data through the replay pipeline, scored (eval.json).
 
 The labelled data is a synthetic clip, a MOTChallenge sequence or a COCO json with its images
 (`drivepercept.run.groundtruth` reads each). The pipeline is the one every replay runs (same
 readers, model set-up, precision, batching), with two settings that scoring needs: every frame
 (`block`), and a low score threshold by default (AP integrates over the whole precision-recall
-curve). Scoring itself is `drivepercept.eval`.
+curve). Scoring itself is `drivepercept.eval.score_detections`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from drivepercept.errors import ConfigError
-from drivepercept.eval import EvalReport, EvalThresholds
-from drivepercept.eval import evaluate as score
-from drivepercept.pipeline import Pipeline
+from drivepercept.eval import EvalReport, EvalThresholds, score_detections
 from drivepercept.run.groundtruth import GroundTruth, read_ground_truth
 from drivepercept.run.job import RunResult, run
-from drivepercept.run.options import ONNX_KEYS, PIPELINE_KEYS, RunOptions
+from drivepercept.run.options import PIPELINE_KEYS, ModelOptions, RunOptions
 from drivepercept.rundir import RunDir, write_json
+from drivepercept.types import RunProgress
 
 
 @dataclass(frozen=True)
@@ -36,13 +35,13 @@ class EvaluateResult:
         return RunDir(self.run.run_dir).eval_json
 
 
-def evaluate(
+def evaluate_clip(
     clip: str | Path,
     *,
     ground_truth: str | Path | None = None,
     settings: Mapping[str, Any] | None = None,
     thresholds: EvalThresholds | None = None,
-    progress: Callable[[Pipeline], None] | None = None,
+    progress: Callable[[RunProgress], bool | None] | None = None,
 ) -> EvaluateResult | None:
     """Replay labelled data and score the detections against its labels.
 
@@ -71,15 +70,7 @@ def evaluate(
     truth = read_ground_truth(clip, annotations=ground_truth)
     options = RunOptions(
         sources=truth.sources,  # a clip's rig file (its model the default), or image folders
-        model=given.get("model"),
-        weights=given.get("weights", "DEFAULT"),
-        classes=given.get("classes", "driving"),
-        input_size=given.get("input_size"),
-        weights_dir=given.get("weights_dir"),
-        weights_mirror=given.get("weights_mirror"),
-        **{key: given[key] for key in ONNX_KEYS if key in given},
-        runtime=given.get("runtime", "auto"),
-        onnx_cache=given.get("onnx_cache"),
+        **ModelOptions.from_settings(given).run_fields(),
         settings=chosen,
         out_root=Path(given.get("out", "runs")),
         name=given.get("name") or time.strftime("eval-%Y%m%d-%H%M%S"),
@@ -131,7 +122,7 @@ def score_run(
         for im in truth.coco["images"]
         if im["camera"] in truth.cameras and (not limit or int(im["frame_index"]) < limit)
     ]
-    return score(
+    return score_detections(
         truth.coco,
         list(result.detections()),
         thresholds=thresholds or EvalThresholds(),

@@ -40,7 +40,10 @@ from drivepercept.sinks.metrics import MetricsExporter
 from drivepercept.sources.open import open_cameras
 from drivepercept.sources.readers import FrameReader
 from drivepercept.telemetry.counters import CameraStats, RunStats
-from drivepercept.types import CameraSnapshot, CameraState, DropPolicy
+from drivepercept.types import CameraSnapshot, CameraState, DropPolicy, Pacing, RunProgress
+
+# what `run` hands its progress callback, and what the callback may answer
+Progress = Callable[[RunProgress], bool | None]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +81,7 @@ class RunResult:
                 f"without results (the run went on), the last with {s.batch_error}"
             )
         sinks = self.record.sinks or {}
-        failed_outputs = {name: r["failed"] for name, r in sinks.items() if r.get("failed")}
+        failed_outputs = {name: r.failed for name, r in sinks.items() if r.failed}
         if failed_outputs:
             what = "; ".join(f"{name}: {why}" for name, why in failed_outputs.items())
             return f"output(s) failed and were set aside (detection went on): {what}"
@@ -126,47 +129,46 @@ def _video_policy(mode: Mode) -> SinkPolicy:
 
 
 def load_model(options: RunOptions) -> Detector:
-    """The detector `options` name, with its weights, classes, input size and weights store,
-    on the runtime `options.runtime` chooses for the device (`drivepercept.models.runtime`:
-    auto runs an exportable model on ONNX Runtime on a CPU, from the export cache; bf16 there
-    on OpenVINO).
+    """The detector `options.model_options` name, with its weights, classes, input size and
+    weights store, on the runtime its `runtime` chooses for the device
+    (`drivepercept.models.runtime`: auto runs an exportable model on ONNX Runtime on a CPU,
+    from the export cache; bf16 there on OpenVINO).
 
     Raises:
         ConfigError: a bad setting (or a device that is not there).
         ModelError: it cannot be built, its weights cannot be had, or the runtime asked for
             cannot run it (one line).
     """
-    config = options.pipeline()
+    config, model = options.pipeline(), options.model_options
+    name = options.model_name  # resolved: the rig's model where none was given
     threads = config.torch_threads  # the model's threads, whichever runtime runs it
     device_type = resolve_device(config.device).type
     # a YOLOX model's default input depends on the device (yolox-nano runs larger on a CPU,
     # where the default runtime is faster), never on the runtime: every runtime gives one
     # model the same boxes
-    input_size = options.input_size or default_input_size(
-        options.model_name, device_type=device_type
-    )
+    input_size = model.input_size or default_input_size(name, device_type=device_type)
     detector = load_detector(
-        options.model_name,
-        weights=options.weights,
-        classes=options.classes,
+        name,
+        weights=model.weights,
+        classes=model.classes,
         input_size=input_size,
-        store=WeightsStore(options.weights_dir, options.weights_mirror),
-        onnx_layout=options.onnx_layout,
-        onnx_batch=options.onnx_batch,
-        trt_cache=options.trt_cache,
+        store=WeightsStore(model.weights_dir, model.weights_mirror),
+        onnx_layout=model.onnx_layout,
+        onnx_batch=model.onnx_batch,
+        trt_cache=model.trt_cache,
         threads=threads,
     )
     request = RuntimeRequest(
-        runtime=options.runtime,
+        runtime=model.runtime,
         device_type=device_type,
         precision=config.precision,
         compile=config.compile,
         cuda_graphs=config.cuda_graphs,
         threads=threads,
-        cache=options.onnx_cache or default_onnx_cache({}),
-        random_weights=options.weights is None or options.weights.strip().lower() == "none",
+        cache=model.onnx_cache or default_onnx_cache({}),
+        random_weights=model.weights is None or model.weights.strip().lower() == "none",
     )
-    if is_onnx(options.model_name):
+    if is_onnx(name):
         return for_onnx_file(detector, request)
     return choose_runtime(detector, request)
 
@@ -174,7 +176,7 @@ def load_model(options: RunOptions) -> Detector:
 def run(
     options: RunOptions,
     *,
-    progress: Callable[[Pipeline], None] | None = None,
+    progress: Progress | None = None,
     detector: Detector | None = None,
     sinks: Sequence[tuple[Sink, SinkPolicy]] = (),
 ) -> RunResult:
@@ -182,25 +184,20 @@ def run(
 
     Args:
         options: what to run.
-        progress: called every half second with the running pipeline (a progress display).
+        progress: called every half second with a reading of the run (`RunProgress`: a
+            progress display); True from it stops capture, as the run's duration does.
         detector: an already-built detector (else `options.model` is loaded).
         sinks: more result writers, each with its policy, beside the run folder's own.
 
     Raises:
         DrivePerceptError: bad input (one clear line), or a failed stage (`PipelineError`).
     """
-    live = options.mode is Mode.LIVE
-    cams = resolve_cameras(options.sources, live=live)
+    pacing = options.mode.pacing
+    cams = resolve_cameras(options.sources, live=pacing is Pacing.LIVE)
     config = options.pipeline()
     resolve_device(config.device)  # a missing GPU is said before any model is loaded
     capture_stop = threading.Event()
-    readers = open_cameras(
-        cams,
-        paced=options.mode is not Mode.REPLAY,
-        live=live,
-        policy=options.reconnect,
-        stop=capture_stop,
-    )
+    readers = open_cameras(cams, pacing=pacing, policy=options.reconnect, stop=capture_stop)
     names = [c.name for c in cams]
     sink_set = SinkSet()
     exporter: MetricsExporter | None = None
@@ -248,7 +245,7 @@ def run(
             exporter.close()
         raise
     try:
-        return _run(options, pipeline, run_dir, cams, readers, progress)
+        return _run(options, pipeline, det, run_dir, cams, readers, progress)
     finally:
         if exporter is not None:
             exporter.close()
@@ -257,13 +254,14 @@ def run(
 def _run(
     options: RunOptions,
     pipeline: Pipeline,
+    detector: Detector,
     run_dir: RunDir,
     cams: tuple[CameraConfig, ...],
     readers: Sequence[FrameReader],
-    progress: Callable[[Pipeline], None] | None,
+    progress: Progress | None,
 ) -> RunResult:
     try:
-        record = first_record(options, pipeline, cams, readers)
+        record = first_record(options, detector, pipeline.describe(), cams, readers)
     except BaseException:
         pipeline.close()
         raise
@@ -277,7 +275,10 @@ def _run(
         why = None if stopped else one_line(f"{type(exc).__name__}: {exc}")
         status = "interrupted" if stopped else "failed"
         stats = pipeline.stats(interrupted=stopped)
-        record = final_record(record, pipeline, cams, readers, stats, status=status, error=why)
+        described, snapshots = pipeline.describe(), pipeline.cameras()
+        record = final_record(
+            record, described, snapshots, cams, readers, stats, status=status, error=why
+        )
         try:
             with interrupts_deferred():
                 run_dir.write_record(record)
@@ -299,7 +300,9 @@ def _run(
         # that kept failing to open until --duration ended, a video with no frame)
         status = "failed"
         error = "no camera delivered a frame: " + "; ".join(_why(s) for s in snapshots)
-    record = final_record(record, pipeline, cams, readers, stats, status=status, error=error)
+    record = final_record(
+        record, pipeline.describe(), snapshots, cams, readers, stats, status=status, error=error
+    )
     with interrupts_deferred():  # a Ctrl-C now takes effect once the files are whole
         run_dir.write_record(record)
         report = _report(run_dir, options)

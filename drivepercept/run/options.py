@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +13,10 @@ from typing import Any
 
 from drivepercept.config import SETTING_KINDS, PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
+from drivepercept.geometry import parse_input_size
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml, rig_model
-from drivepercept.types import CLASS_CHOICES, RUNTIMES
+from drivepercept.types import CLASS_CHOICES, RUNTIMES, Pacing
 
 # The real-road default: a pretrained COCO detector (its official weights are downloaded once).
 # A synthetic rig's rig.toml names the model trained on it instead (drivepercept-tiny).
@@ -102,23 +102,6 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-def _input_size(value: object) -> tuple[int, int] | None:
-    """None, "WxH" or a (w, h) pair -> (w, h) of positive whole pixels; ConfigError else."""
-    if value is None:
-        return None
-    pair = value
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
-        pair = (int(match.group(1)), int(match.group(2))) if match else value
-    if (
-        isinstance(pair, (tuple, list))
-        and len(pair) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pair)
-    ):
-        return (int(pair[0]), int(pair[1]))
-    raise ConfigError(f"input size must look like WIDTHxHEIGHT (e.g. 640x384), got {value!r}")
-
-
 class Mode(enum.Enum):
     """How sources are read.
 
@@ -135,6 +118,13 @@ class Mode(enum.Enum):
     def command(self) -> str:
         """The command that runs this mode (what run.json says ran)."""
         return {"replay": "replay", "realtime": "replay --realtime", "live": "live"}[self.value]
+
+    @property
+    def pacing(self) -> Pacing:
+        """How this mode reads its cameras."""
+        return {"replay": Pacing.AS_FAST_AS_POSSIBLE, "realtime": Pacing.PACED}.get(
+            self.value, Pacing.LIVE
+        )
 
     def policies(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """The pipeline settings this mode chooses where `settings` has none.
@@ -159,13 +149,14 @@ class Mode(enum.Enum):
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    """Everything a replay, real-time replay or live run needs.
+class ModelOptions:
+    """The detector a run loads and what runs it. Frozen and hashable: a fleet worker loads
+    each once. `RunOptions` extends these (checks them, and resolves the model a rig names).
+
+    `from_settings` reads them from a settings table (a file's keys, flags merged over
+    them); `run_fields` gives them back as `RunOptions` keywords.
 
     Attributes:
-        sources: rig files, videos, image folders, NAME=SOURCE items, devices or URLs
-            (resolved by `drivepercept.rig.resolve_cameras`).
-        mode: see `Mode` (a string is taken too).
         model, weights: the detector (`drivepercept.models.load_detector`); model None is
             the model the rig file names (every source a rig naming the same one), else
             `DEFAULT_MODEL`.
@@ -182,6 +173,42 @@ class RunOptions:
             (`drivepercept.models.runtime`).
         onnx_cache: the folder of cached exports for runtime auto / onnxruntime; None for
             `default_onnx_cache({})` (the CLI passes `$XDG_CACHE_HOME`'s).
+    """
+
+    model: str | None = None
+    weights: str | None = "DEFAULT"
+    classes: str = "driving"
+    input_size: tuple[int, int] | None = None
+    weights_dir: Path | None = None
+    weights_mirror: str | None = None
+    onnx_layout: str | None = None
+    onnx_batch: str | None = None
+    trt_cache: Path | None = None
+    runtime: str = "auto"
+    onnx_cache: Path | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> ModelOptions:
+        return cls(**{f.name: settings[f.name] for f in _MODEL_FIELDS if f.name in settings})
+
+    def run_fields(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in _MODEL_FIELDS}
+
+
+_MODEL_FIELDS = dataclasses.fields(ModelOptions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions(ModelOptions):
+    """Everything a replay, real-time replay or live run needs.
+
+    Attributes:
+        sources: rig files, videos, image folders, NAME=SOURCE items, devices or URLs
+            (resolved by `drivepercept.rig.resolve_cameras`).
+        mode: see `Mode` (a string is taken too).
+        model, weights, classes, input_size, weights_dir, weights_mirror, onnx_layout,
+            onnx_batch, trt_cache, runtime, onnx_cache: the detector, `ModelOptions`' fields
+            (a run's options are its model's, and more).
         settings: `PipelineConfig` fields the caller chose; the mode fills in the rest.
         out_root, name: the run folder is out_root/name (name defaults to <mode>-<date>-<time>).
         save_video, mosaic: annotated videos, per camera or tiled.
@@ -196,17 +223,6 @@ class RunOptions:
 
     sources: tuple[str, ...]
     mode: Mode = Mode.REPLAY
-    model: str | None = None
-    weights: str | None = "DEFAULT"
-    classes: str = "driving"
-    input_size: tuple[int, int] | None = None
-    weights_dir: Path | None = None
-    weights_mirror: str | None = None
-    onnx_layout: str | None = None
-    onnx_batch: str | None = None
-    trt_cache: Path | None = None
-    runtime: str = "auto"
-    onnx_cache: Path | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     out_root: Path = Path("runs")
     name: str | None = None
@@ -236,7 +252,7 @@ class RunOptions:
             raise ConfigError(f"model must be a model name, got {self.model!r}")
         if self.classes not in CLASS_CHOICES:
             raise ConfigError(f"classes must be driving or all, got {self.classes!r}")
-        object.__setattr__(self, "input_size", _input_size(self.input_size))
+        object.__setattr__(self, "input_size", parse_input_size(self.input_size))
         for key in ONNX_KEYS:
             value = getattr(self, key)
             if value is not None and not self.model.strip().lower().endswith(".onnx"):
@@ -275,6 +291,12 @@ class RunOptions:
         """The model that runs (resolved in __post_init__)."""
         assert self.model is not None
         return self.model
+
+    @property
+    def model_options(self) -> ModelOptions:
+        """The model fields, checked and resolved (the model a rig names, the input size
+        parsed), as one hashable value."""
+        return ModelOptions(**{f.name: getattr(self, f.name) for f in _MODEL_FIELDS})
 
     @property
     def run_command(self) -> str:

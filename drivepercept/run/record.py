@@ -43,13 +43,23 @@ import torchvision
 from drivepercept import __version__
 from drivepercept._threads import wait_policy
 from drivepercept.models.base import Detector, RuntimeChoice
-from drivepercept.pipeline import Pipeline
 from drivepercept.rig import CameraConfig, camera_source
 from drivepercept.run.options import Mode, RunOptions
 from drivepercept.rundir import RunRecord, redact
-from drivepercept.sinks.fanout import SinkReport
+from drivepercept.rundir.sections import (
+    CameraSummaryRecord,
+    LiveCameraRecord,
+    ModelRecord,
+    SinkRecord,
+    SourceRecord,
+    StateChangeRecord,
+    SummaryRecord,
+    TelemetryRecord,
+    WarmupRecord,
+)
 from drivepercept.sources.readers import FrameReader
 from drivepercept.telemetry.counters import RunStats
+from drivepercept.types import CameraSnapshot, Pacing, PipelineDescription
 
 
 def environment(device: str, *, threads: int | None = None, lanes: int = 1) -> dict[str, Any]:
@@ -79,93 +89,84 @@ def _ms(values: dict[str, float]) -> dict[str, float | None]:
     return {k: None if math.isnan(v) else round(v, 3) for k, v in values.items()}
 
 
-def stats_summary(stats: RunStats) -> dict[str, Any]:
+def stats_summary(stats: RunStats) -> SummaryRecord:
     """The pipeline's own account of the run (exact per-frame figures are in frames.csv)."""
-    return {
-        "frames": stats.frames,
-        "elapsed_s": round(stats.elapsed_s, 4),
-        "throughput_fps": round(stats.throughput_fps, 3),
-        "batches": stats.batches,
-        "partial_batches": stats.partial_batches,
-        "mean_batch_size": round(stats.mean_batch_size, 3),
-        "interrupted": stats.interrupted,
-        "threads_not_stopped": list(stats.threads_not_stopped),
-        "warmup": [{"batch_size": w.batch_size, "ms": round(w.ms, 3)} for w in stats.warmup],
-        "in_flight_high_water": stats.in_flight_high_water,
-        "failed_batches": stats.failed_batches,
-        "failed_frames": stats.failed_frames,
-        "batch_error": stats.batch_error,
-        "cameras": {
-            c.name: {
-                "frames": c.frames,
-                "dropped": c.dropped,
-                "fps": round(c.fps, 3),
-                "frames_missing_from_source": c.short_by,
-                "frames_undecodable": c.undecodable,
-                "discarded_at_stop": c.discarded,
-                "frames_read": c.read,
-                "frames_decoded": c.decoded,
-                "frames_prepared": c.prepared,
-                "end_to_end_ms": _ms(c.latency_ms),
-            }
+    return SummaryRecord(
+        frames=stats.frames,
+        elapsed_s=round(stats.elapsed_s, 4),
+        throughput_fps=round(stats.throughput_fps, 3),
+        batches=stats.batches,
+        partial_batches=stats.partial_batches,
+        mean_batch_size=round(stats.mean_batch_size, 3),
+        interrupted=stats.interrupted,
+        threads_not_stopped=tuple(stats.threads_not_stopped),
+        warmup=tuple(WarmupRecord(w.batch_size, round(w.ms, 3)) for w in stats.warmup),
+        in_flight_high_water=stats.in_flight_high_water,
+        failed_batches=stats.failed_batches,
+        failed_frames=stats.failed_frames,
+        batch_error=stats.batch_error,
+        cameras={
+            c.name: CameraSummaryRecord(
+                frames=c.frames,
+                dropped=c.dropped,
+                fps=round(c.fps, 3),
+                frames_missing_from_source=c.short_by,
+                frames_undecodable=c.undecodable,
+                discarded_at_stop=c.discarded,
+                frames_read=c.read,
+                frames_decoded=c.decoded,
+                frames_prepared=c.prepared,
+                end_to_end_ms=_ms(c.latency_ms),
+            )
             for c in stats.cameras
         },
-    }
+    )
 
 
 def sources_record(
     cams: Sequence[CameraConfig], readers: Sequence[FrameReader], *, live: bool
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "camera": c.name,
-            "source": redact(camera_source(c, live=live)),
-            "width": r.info.width,
-            "height": r.info.height,
-            "fps": r.info.fps,
-            "frame_count": r.info.frame_count,
-        }
+) -> tuple[SourceRecord, ...]:
+    return tuple(
+        SourceRecord(
+            camera=c.name,
+            source=redact(camera_source(c, live=live)),
+            width=r.info.width,
+            height=r.info.height,
+            fps=r.info.fps,
+            frame_count=r.info.frame_count,
+        )
         for c, r in zip(cams, readers, strict=True)
-    ]
+    )
 
 
 def live_record(
-    pipeline: Pipeline, cams: Sequence[CameraConfig], *, live: bool
-) -> dict[str, Any] | None:
+    snapshots: Sequence[CameraSnapshot], cams: Sequence[CameraConfig], *, live: bool
+) -> dict[str, LiveCameraRecord] | None:
     """Per live camera: final state, connects, down time, outages, the frames lost in them
     (estimated from the camera's own arrival rate while it streamed) and every state change.
     None when no camera is live (a replay of files)."""
-    snapshots = pipeline.cameras()
     if not any(s.reader.live or s.reader.changes for s in snapshots):
         return None
     out = {}
     for cam, snap in zip(cams, snapshots, strict=True):
         r = snap.reader
         rate = snap.read / r.streaming_s if r.streaming_s > 0 else 0.0
-        out[snap.name] = {
-            "source": redact(camera_source(cam, live=live)),
-            "state": snap.state.value,
-            "connects": r.connects,
-            "failed_attempts": r.failed_attempts,
-            "last_error": redact(r.last_error),
-            "downtime_s": round(r.downtime_s, 3),
-            "outage_s": round(r.outage_s, 3),
-            "frames_received": snap.read,
-            "arrival_fps": round(rate, 3),
-            "frames_lost_estimate": round(r.outage_s * rate),
-            "changes": [
-                {"t_ns": c.t_ns, "state": c.state.value, "detail": redact(c.detail)}
-                for c in r.changes
-            ],
-        }
+        out[snap.name] = LiveCameraRecord(
+            source=redact(camera_source(cam, live=live)),
+            state=snap.state.value,
+            connects=r.connects,
+            failed_attempts=r.failed_attempts,
+            last_error=redact(r.last_error),
+            downtime_s=round(r.downtime_s, 3),
+            outage_s=round(r.outage_s, 3),
+            frames_received=snap.read,
+            arrival_fps=round(rate, 3),
+            frames_lost_estimate=round(r.outage_s * rate),
+            changes=tuple(
+                StateChangeRecord(c.t_ns, c.state.value, redact(c.detail)) for c in r.changes
+            ),
+        )
     return out
-
-
-def sinks_record(reports: dict[str, SinkReport]) -> dict[str, Any]:
-    return {
-        name: {k: v for k, v in dataclasses.asdict(r).items() if k != "name"}
-        for name, r in reports.items()
-    }
 
 
 def runtime_choice(detector: Detector) -> dict[str, Any]:
@@ -178,61 +179,61 @@ def runtime_choice(detector: Detector) -> dict[str, Any]:
 
 def first_record(
     options: RunOptions,
-    pipeline: Pipeline,
+    detector: Detector,
+    described: PipelineDescription,
     cams: Sequence[CameraConfig],
     readers: Sequence[FrameReader],
 ) -> RunRecord:
     """The record written before the run starts (status "running")."""
-    detector = pipeline.detector
     reported, _ = detector.output_classes()
-    live = options.mode is not Mode.REPLAY
+    pacing = options.mode.pacing
     return RunRecord(
         command=options.run_command,
         mode=options.mode.value,
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        model={
-            "name": detector.name,
-            "weights": options.weights,
-            "input_size": list(detector.input.size),
-            "classes_kept": (list(reported) if detector.keep_labels is not None else None),
-            "runtime_choice": runtime_choice(detector),
-        },
-        config=dataclasses.asdict(pipeline.config),
-        sources=sources_record(cams, readers, live=options.mode is Mode.LIVE),
-        environment=environment(
-            str(pipeline.device),
-            threads=pipeline.engine.step.threads,
-            lanes=pipeline.engine.step.lanes.count,
+        model=ModelRecord(
+            name=detector.name,
+            weights=options.weights,
+            input_size=detector.input.size,
+            classes_kept=tuple(reported) if detector.keep_labels is not None else None,
+            runtime_choice=runtime_choice(detector),
         ),
-        telemetry=pipeline.sampler.info.as_dict() if pipeline.sampler is not None else None,
-        reconnect=dataclasses.asdict(options.reconnect) if live else None,
-        duration_s=options.duration_s if live else None,
+        config=described.config,
+        sources=sources_record(cams, readers, live=pacing is Pacing.LIVE),
+        environment=environment(described.device, threads=described.threads, lanes=described.lanes),
+        telemetry=_telemetry(described),
+        reconnect=dataclasses.asdict(options.reconnect) if pacing.paced else None,
+        duration_s=options.duration_s if pacing.paced else None,
     )
 
 
 def final_record(
     record: RunRecord,
-    pipeline: Pipeline,
+    described: PipelineDescription,
+    snapshots: Sequence[CameraSnapshot],
     cams: Sequence[CameraConfig],
     readers: Sequence[FrameReader],
     stats: RunStats,
     **changes: Any,
 ) -> RunRecord:
-    """The record once the run is over: what only then is known."""
-    live = record.mode == Mode.LIVE.value
-    telemetry = record.telemetry
-    if pipeline.sampler is not None:
-        # metrics found unsupported during the run are known only now
-        telemetry = {**pipeline.sampler.info.as_dict(), "samples": pipeline.sampler.samples_taken}
+    """The record once the run is over: what only then is known (the pipeline's description
+    and its cameras' snapshots, taken after it stopped)."""
+    live = Mode(record.mode).pacing is Pacing.LIVE
     model = record.model
-    if pipeline.detector.runtime is not None:  # what ran the network (providers found on use)
-        model = {**model, "runtime": pipeline.detector.runtime()}
+    if described.runtime is not None:  # what ran the network (providers found on use)
+        model = dataclasses.replace(model, runtime=described.runtime)
     return record.but(
         model=model,
-        telemetry=telemetry,
+        telemetry=_telemetry(described) or record.telemetry,
         sources=sources_record(cams, readers, live=live),  # live sizes: known once connected
-        live=live_record(pipeline, cams, live=live),
+        live=live_record(snapshots, cams, live=live),
         summary=stats_summary(stats),
-        sinks=sinks_record(pipeline.sinks.report()),
+        sinks={name: SinkRecord.from_json(s) for name, s in described.sinks.items()},
         **changes,
     )
+
+
+def _telemetry(described: PipelineDescription) -> TelemetryRecord | None:
+    """The sampler's findings (None without a sampler)."""
+    found = described.telemetry
+    return TelemetryRecord.from_json(found) if found is not None else None

@@ -21,6 +21,7 @@ counts match the run's own files. `close()` lets slow sinks write their backlog 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import queue
@@ -28,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from drivepercept.errors import one_line
 from drivepercept.sinks.base import ImageSink, Sink
@@ -69,6 +71,10 @@ class SinkReport:
     frames_dropped: int  # slow sinks: frames in batches dropped from a full queue
     queue_high_water: int  # slow sinks: most batches waiting
     failed: str | None  # the failure, one line, or None
+
+    def as_dict(self) -> dict[str, Any]:
+        """run.json's entry for this sink (its name is the key)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "name"}
 
 
 class _Entry:

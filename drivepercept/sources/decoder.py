@@ -148,6 +148,15 @@ class DecoderThread:
     def start(self) -> None:
         self.thread.start()
 
+    @property
+    def expected_frames(self) -> int:
+        """Frames this camera will give if its source holds what its container says (-1
+        when the source's length is unknown, e.g. a stream)."""
+        count = self.reader.info.frame_count
+        if self.max_frames:
+            count = min(count, self.max_frames) if count > 0 else self.max_frames
+        return count if count >= 0 else -1
+
     def _prepared(self, got: RawFrame) -> Frame:
         image_bgr = got.image_bgr  # decoded now if the reader handed it over encoded
         decoded_ns = time.monotonic_ns()

@@ -9,29 +9,30 @@ from drivepercept.config import ReconnectPolicy
 from drivepercept.rig import CameraConfig, camera_source
 from drivepercept.sources.live import LiveSource
 from drivepercept.sources.readers import FrameReader, open_reader
+from drivepercept.types import Pacing
 
 
 def open_cameras(
     cams: Sequence[CameraConfig],
     *,
-    paced: bool,
-    live: bool = False,
+    pacing: Pacing,
     policy: ReconnectPolicy,
     stop: threading.Event,
 ) -> list[FrameReader]:
     """Every camera's reader, opened on this thread so that a bad file fails here, with a
     clear error, before any thread starts.
 
-    `live`: a camera with a live source reads it, not its recorded video. Replay (`paced`
-    False): each file or image folder as fast as it decodes. Real-time and live (`paced`
-    True): reconnecting `LiveSource`s; a file among them plays at its own frame
+    `Pacing.AS_FAST_AS_POSSIBLE` (replay): each file or image folder as fast as it decodes.
+    `PACED` and `LIVE`: reconnecting `LiveSource`s; a file among them plays at its own frame
     rate, and a device or stream connects on its decoder thread (a failure there is a state,
-    not an exception).
+    not an exception). `LIVE` reads a camera's live source where it has one, not its
+    recorded video.
     """
+    live = pacing is Pacing.LIVE
     readers: list[FrameReader] = []
     try:
         for cam in cams:
-            if paced:
+            if pacing.paced:
                 source = camera_source(cam, live=live)
                 readers.append(
                     LiveSource(

@@ -14,9 +14,10 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from drivepercept.telemetry.stats import LatencyHistogram, recent_window
-from drivepercept.types import FrameResult, WarmupRun
+from drivepercept.types import CameraSnapshot, FrameResult, WarmupRun
 
 RECENT_FRAMES = 512  # per camera, for the last-second fps and p95
 
@@ -145,6 +146,44 @@ class RunCounters:
                 )
             )
         return out
+
+    def stats(
+        self,
+        snapshots: Sequence[CameraSnapshot],
+        figures: Sequence[CameraFigures],
+        *,
+        elapsed_s: float,
+        **rest: Any,
+    ) -> RunStats:
+        """The run's statistics from one reading (`figures` and the `snapshots` made from
+        them, so that the totals add up): per camera, the frames, the batches and the span
+        (`elapsed_s` before the first result); `rest` are `RunStats`' other fields."""
+        frames = sum(f.frames for f in figures)
+        span_s = self.span_s()
+        cams = tuple(
+            CameraStats(
+                name=snap.name,
+                frames=snap.frames,
+                dropped=snap.dropped,
+                fps=fig.fps,
+                latency_ms=fig.latency_ms,
+                short_by=snap.short_by,
+                undecodable=snap.undecodable,
+                discarded=snap.discarded,
+                read=snap.read,
+                decoded=snap.decoded,
+                prepared=snap.prepared,
+            )
+            for snap, fig in zip(snapshots, figures, strict=True)
+        )
+        return RunStats(
+            cameras=cams,
+            elapsed_s=span_s if span_s > 0 else elapsed_s,
+            frames=frames,
+            batches=self.batches,
+            mean_batch_size=frames / self.batches if self.batches else 0.0,
+            **rest,
+        )
 
     def span_s(self) -> float:
         """First capture to last emission over all cameras (0 before any result)."""

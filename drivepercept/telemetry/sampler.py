@@ -368,6 +368,11 @@ class LoadSampler:
         self._process.cpu_percent(None)
         psutil.cpu_percent(None, percpu=True)
 
+    def describe(self) -> dict[str, Any]:
+        """run.json's telemetry: the sampler's info and the samples taken so far (metrics
+        found unsupported on the way are known only then)."""
+        return {**self.info.as_dict(), "samples": self.samples_taken}
+
     @property
     def info(self) -> SamplerInfo:
         nvml = self._nvml

@@ -28,6 +28,26 @@ from drivepercept.types.model_input import PadPlacement as PadPlacement
 ImageU8 = npt.NDArray[np.uint8]
 
 
+class Pacing(enum.Enum):
+    """How a run reads its cameras.
+
+    AS_FAST_AS_POSSIBLE: files, every frame, as fast as they decode (replay).
+    PACED: files played at their own frame rate, as cameras would deliver them, through
+        reconnecting sources (replay --realtime).
+    LIVE: the cameras' live sources (devices, streams; a rig camera's `live` source over its
+        recorded file), reconnecting.
+    """
+
+    AS_FAST_AS_POSSIBLE = "as_fast_as_possible"
+    PACED = "paced"
+    LIVE = "live"
+
+    @property
+    def paced(self) -> bool:
+        """Frames come at the sources' pace (and are dropped when the pipeline is behind)."""
+        return self is not Pacing.AS_FAST_AS_POSSIBLE
+
+
 class DropPolicy(enum.Enum):
     """What a camera's queue does when it is full.
 
@@ -398,3 +418,8 @@ class LoadSample:
     system_mem_used_bytes: int
     system_mem_total_bytes: int
     gpus: tuple[GpuSample, ...] = ()
+
+
+# (re-exported: what callers read of a running pipeline, in its own module)
+from drivepercept.types.readings import PipelineDescription as PipelineDescription  # noqa: E402
+from drivepercept.types.readings import RunProgress as RunProgress  # noqa: E402

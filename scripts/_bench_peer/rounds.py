@@ -32,6 +32,7 @@ from _bench_peer.streams import clip_paths, decodable_frames, jpeg_decode_ms, st
 
 if TYPE_CHECKING:
     from drivepercept.models.base import Detector
+    from drivepercept.rundir.sections import ModelRecord
     from drivepercept.sim.serve import CameraServer
 
 log = logging.getLogger("bench_peer")
@@ -228,10 +229,10 @@ class Bench:
         return sum(self.server.frames_sent(f"cam{i}") for i in range(len(self.live_urls)))
 
 
-def _run_ort_threads(model: dict[str, Any]) -> int:
+def _run_ort_threads(model: ModelRecord) -> int:
     """The ORT intra-op threads a drivepercept run's session had, from its run.json's model
     section (0: ORT's default; -1: not recorded)."""
-    runtime = model.get("runtime") or {}
+    runtime = model.runtime or {}
     if runtime.get("backend") != "onnxruntime":
         return -1
     return int(runtime.get("threads") or 0)

@@ -114,17 +114,17 @@ def soak(args: argparse.Namespace) -> Outcome:
     during = list(sampler.samples)
     record = result.record
     live = record.live or {}
-    summary = record.summary or {}
+    summary = record.summary.to_json() if record.summary else {}
     stats = {c.name: c for c in result.stats.cameras}
     accounting = [
         Accounting(
             camera=n,
             served=served[n],
-            read=int(live[n]["frames_received"]),
+            read=live[n].frames_received,
             processed=stats[n].frames,
             dropped=stats[n].dropped,
             discarded=stats[n].discarded,
-            connects=int(live[n]["connects"]),
+            connects=live[n].connects,
             tolerance=args.tolerance_frames,
         )
         for n in names
@@ -182,7 +182,7 @@ def soak(args: argparse.Namespace) -> Outcome:
         "capture_started_s": t0,
         "server": {"published": published, "sent": served, "skipped_slow_client": skipped},
         "outages": {
-            n: {k: live[n][k] for k in ("connects", "outage_s", "frames_lost_estimate")}
+            n: {k: live[n].to_json()[k] for k in ("connects", "outage_s", "frames_lost_estimate")}
             for n in names
         },
         "in_transit_during_run": in_transit(during),

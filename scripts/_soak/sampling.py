@@ -15,8 +15,8 @@ import numpy as np
 import psutil
 
 if TYPE_CHECKING:
-    from drivepercept.pipeline import Pipeline
     from drivepercept.sim.serve import CameraServer
+    from drivepercept.types import RunProgress
 
 MB = 1024 * 1024
 CLIENTS_GONE_S = 5.0  # how long the server's client handlers may take to notice we left
@@ -58,26 +58,28 @@ class Sample:
 class Sampler:
     """Samples this process and the run every `every_s` on its own `soak-sampler` thread.
 
-    The pipeline is handed over by `attach` (the run's progress callback, called on the main
-    thread every half second once capture has started); `Pipeline.cameras()` and the
-    server's counters are thread-safe reads.
+    The run's readings come through `attach` (its progress callback, called on the main
+    thread every half second once capture has started), each with the frames the server had
+    sent at that moment, so that a sample's served and read counts are of one moment; a
+    sample holds the newest reading (at most half a second old).
     """
 
     def __init__(self, server: CameraServer, *, every_s: float) -> None:
         self._process = psutil.Process()
         self._server = server
         self._every_s = every_s
-        self._pipeline: Pipeline | None = None
+        self._latest: tuple[RunProgress, dict[str, int]] | None = None
         self._stop = threading.Event()
         self._t0 = time.monotonic()
         self.capture_started_s: float | None = None  # since start(): the first progress call
         self.samples: list[Sample] = []
         self.thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
 
-    def attach(self, pipeline: Pipeline) -> None:
-        if self._pipeline is None:
+    def attach(self, progress: RunProgress) -> None:
+        if self._latest is None:
             self.capture_started_s = time.monotonic() - self._t0
-        self._pipeline = pipeline
+        served = {s.name: self._server.frames_sent(s.name) for s in progress.cameras}
+        self._latest = (progress, served)
 
     def start(self) -> None:
         self._t0 = time.monotonic()
@@ -91,17 +93,19 @@ class Sampler:
 
     def take(self) -> Sample:
         cams: tuple[CameraSample, ...] = ()
-        if self._pipeline is not None:
+        latest = self._latest  # one read: attach replaces it whole
+        if latest is not None:
+            progress, served = latest
             cams = tuple(
                 CameraSample(
                     name=s.name,
-                    served=self._server.frames_sent(s.name),
+                    served=served[s.name],
                     read=s.read,
                     processed=s.frames,
                     dropped=s.dropped,
                     state=s.state.value,
                 )
-                for s in self._pipeline.cameras()
+                for s in progress.cameras
             )
         return Sample(
             t_s=round(time.monotonic() - self._t0, 3),

@@ -24,14 +24,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from drivepercept.errors import ConfigError, OutputError
 from drivepercept.errors import redact as redact
-
-RUN_SCHEMA_VERSION = 2  # 2: command says what ran (replay --realtime, eval); sinks section
 
 
 @dataclass(frozen=True)
@@ -107,10 +105,10 @@ class RunDir:
 class FleetDir:
     """A fleet's output folder: one run folder per drive, and the fleet's own files.
 
-        <out>/<drive>/              the drive's run folder (`RunDir`, with fleet_drive.json)
-        <out>/_fleet/fleet.json     the fleet's record; fleet.html its report
-        <out>/_fleet/attempts/<drive>/<n>.json   one mark per attempt at a drive
-        <out>/_fleet/partial/<drive>.<n>/        an attempt's staging folder
+    <out>/<drive>/              the drive's run folder (`RunDir`, with fleet_drive.json)
+    <out>/_fleet/fleet.json     the fleet's record; fleet.html its report
+    <out>/_fleet/attempts/<drive>/<n>.json   one mark per attempt at a drive
+    <out>/_fleet/partial/<drive>.<n>/        an attempt's staging folder
     """
 
     path: Path
@@ -192,97 +190,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_text(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
 
 
-# the top-level keys and their JSON types; a value of another type is dropped with a problem
-_SECTIONS: dict[str, type | tuple[type, ...]] = {
-    "model": dict,
-    "config": dict,
-    "sources": list,
-    "environment": dict,
-    "telemetry": dict,
-    "summary": dict,
-    "live": dict,
-    "reconnect": dict,
-    "sinks": dict,
-    "status": str,
-    "command": str,
-    "mode": str,
-    "started": str,
-    "error": str,
-    "duration_s": (int, float),
-    "schema_version": int,
-}
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """What run.json holds (schema `RUN_SCHEMA_VERSION`; version 1 files read too).
-
-    The sections are JSON objects whose fields are documented where they are made
-    (`drivepercept.run.record`); this type fixes the top level and its types.
-    """
-
-    command: str  # what ran: replay, replay --realtime, live, eval
-    mode: str  # replay, realtime, live
-    status: str = "running"  # running, complete, interrupted, failed
-    started: str = ""
-    model: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    sources: list[dict[str, Any]] = field(default_factory=list)
-    environment: dict[str, Any] = field(default_factory=dict)
-    telemetry: dict[str, Any] | None = None
-    summary: dict[str, Any] | None = None
-    error: str | None = None
-    live: dict[str, Any] | None = None
-    reconnect: dict[str, Any] | None = None
-    duration_s: float | None = None
-    sinks: dict[str, Any] | None = None
-    schema_version: int = RUN_SCHEMA_VERSION
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        # older readers expect these keys only when they apply
-        for key in ("live", "reconnect", "duration_s", "sinks", "error"):
-            if data[key] is None:
-                del data[key]
-        return data
-
-    def but(self, **changes: Any) -> RunRecord:
-        """A copy with `changes`."""
-        return replace(self, **changes)
-
-    @classmethod
-    def from_json(cls, data: object) -> tuple[RunRecord, list[str]]:
-        """A record from run.json's object, however damaged, and what was wrong with it.
-
-        Keys of the wrong JSON type are dropped and named; unknown keys are ignored (a newer
-        writer); missing ones take their defaults.
-        """
-        problems: list[str] = []
-        if not isinstance(data, dict):
-            return cls(command="unknown", mode="unknown", status="unknown"), [
-                "run.json is not a JSON object"
-            ]
-        known = {f.name for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, kind in _SECTIONS.items():
-            value = data.get(key)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, kind):
-                problems.append(
-                    f"{key} should be a {getattr(kind, '__name__', 'number')}, got "
-                    f"{type(value).__name__}; ignored"
-                )
-                continue
-            values[key] = value
-        if isinstance(values.get("sources"), list):
-            values["sources"] = [s for s in values["sources"] if isinstance(s, dict)]
-        values.setdefault("command", "unknown")
-        values.setdefault("mode", values["command"] if values["command"] != "unknown" else "replay")
-        values.setdefault("status", "unknown")
-        record = cls(**{k: v for k, v in values.items() if k in known})
-        return record, problems
-
-    @property
-    def camera_names(self) -> list[str]:
-        return [str(s.get("camera")) for s in self.sources]
+# (re-exported: run.json's record and its sections, in their own modules)
+from drivepercept.rundir.record import RUN_SCHEMA_VERSION as RUN_SCHEMA_VERSION  # noqa: E402
+from drivepercept.rundir.record import RunRecord as RunRecord  # noqa: E402
