@@ -58,7 +58,7 @@ if {spin!r}:
 import drivepercept
 from drivepercept._threads import wait_policy
 from drivepercept.run import RunOptions
-from drivepercept.run.benchmark import bench
+from drivepercept.bench.compare import bench
 options = RunOptions(sources=tuple({sources!r}), model={model!r}, weights={weights!r},
                      settings={{"device": "cpu", "torch_threads": {threads!r}}})
 result = bench(options, frames_per_camera={frames!r}, rounds=1, modes=("model-only", "pipeline"))

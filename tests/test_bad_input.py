@@ -31,6 +31,7 @@ import pytest
 import torch
 from torchvision.models.detection import ssdlite320_mobilenet_v3_large
 
+from drivepercept.bench.compare import bench
 from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError, DrivePerceptError, ModelError
 from drivepercept.models import load_detector
@@ -38,7 +39,7 @@ from drivepercept.models.export import export_onnx
 from drivepercept.report import write_report
 from drivepercept.report.rundata import ReportError
 from drivepercept.rig import load_rig, resolve_cameras
-from drivepercept.run import RunOptions, bench, evaluate, read_settings_file, run
+from drivepercept.run import RunOptions, evaluate_clip, read_settings_file, run
 from drivepercept.sim.config import SimulationConfig
 from drivepercept.sim.serve import CameraServer, ServeError, cameras_from_sources
 from drivepercept.sources.readers import SourceError
@@ -471,8 +472,8 @@ API_CASES = [
     pytest.param(lambda d: load_rig(d / "rigs" / "absent.toml"), ConfigError, ("rig file not found", "{d}/rigs/absent.toml"), id="rig-missing"),
     pytest.param(lambda d: resolve_cameras(["front=a.mp4", "front=b.mp4"]), ConfigError, ("unique", "'front'"), id="cameras-duplicate"),
     pytest.param(lambda d: read_settings_file(d / "settings" / "score_string.toml"), ConfigError, ("score_threshold", "'high'"), id="settings-type"),
-    pytest.param(lambda d: evaluate(d / "missing"), ConfigError, ("nothing to evaluate", "{d}/missing"), id="evaluate-missing"),
-    pytest.param(lambda d: evaluate(d / "pngs", ground_truth=d / "pngs.json", settings={"drop_policy": "drop_oldest"}), ConfigError, ("'drop_oldest'",), id="evaluate-drop-policy"),
+    pytest.param(lambda d: evaluate_clip(d / "missing"), ConfigError, ("nothing to evaluate", "{d}/missing"), id="evaluate-missing"),
+    pytest.param(lambda d: evaluate_clip(d / "pngs", ground_truth=d / "pngs.json", settings={"drop_policy": "drop_oldest"}), ConfigError, ("'drop_oldest'",), id="evaluate-drop-policy"),
     pytest.param(lambda d: _bench(d, 0, 1), ConfigError, ("must be >= 1", "got 0, 1"), id="bench-no-frames"),
     pytest.param(lambda d: _bench(d, 2, 0), ConfigError, ("must be >= 1", "got 2, 0"), id="bench-no-rounds"),
     pytest.param(lambda d: _serve(d / "notvideo.mp4"), ServeError, ("got no frame", "{d}/notvideo.mp4"), id="serve-text-as-video"),

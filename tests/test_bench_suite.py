@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,20 +17,22 @@ from typing import Any
 import pytest
 import torch
 
-from drivepercept.cli.commands import _sim_cameras
-from drivepercept.errors import ConfigError
-from drivepercept.models.base import Detector, InputSpec
-from drivepercept.run import BenchRequest, RunOptions, run_bench, write_bench_json
-from drivepercept.run.bench_capacity import (
+from drivepercept.bench import BenchRequest, write_bench_json
+from drivepercept.bench.capacity import (
     CapacityResult,
     CapacityStep,
     Verdict,
     capacity,
     search_capacity,
 )
-from drivepercept.run.bench_ceiling import CeilingLine, CeilingResult
-from drivepercept.run.bench_live import LiveResult, LiveStep, live_bench, measure_live
-from drivepercept.run.benchmark import BenchLine, BenchResult, SpeedOptions
+from drivepercept.bench.ceiling import CeilingLine, CeilingResult
+from drivepercept.bench.common import SpeedOptions
+from drivepercept.bench.compare import BenchLine, BenchResult
+from drivepercept.bench.live import LiveResult, live_bench
+from drivepercept.bench.served import LiveStep, measure_live
+from drivepercept.errors import ConfigError
+from drivepercept.models.base import Detector, InputSpec
+from drivepercept.run import RunOptions
 from drivepercept.telemetry.loadwatch import LoadFigures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,7 +230,7 @@ def test_every_table_says_its_speed_options_and_load() -> None:
             speed=SPEED,
             load=LOAD,
         ),
-        LiveResult(step, "m", (448, 256), "cuda:0", SPEED),
+        LiveResult(step=step, model="m", input_size=(448, 256), device="cuda:0", speed=SPEED),
         dataclasses.replace(_capacity_result(), steps=steps, speed=SPEED),
     ]
     speed_line = (
@@ -295,10 +299,14 @@ def test_a_request_checks_its_mode() -> None:
         BenchRequest(mode="warp")
 
 
-def test_live_modes_need_the_camera_server() -> None:
-    options = RunOptions(sources=(str(SAMPLE_RIG),), model=ORACLE, weights=None)
-    with pytest.raises(ConfigError, match="needs the camera server"):
-        run_bench(options, BenchRequest(mode="live"))
+def test_the_suites_front_door_loads_neither_torch_nor_opencv() -> None:
+    # so that a request (the sweep's grid too) is checked before any model, render or camera
+    check = (
+        "import sys; from drivepercept.bench import BenchRequest; "
+        "BenchRequest(mode='sweep', precisions='fp32'); "
+        "sys.exit(sorted({'torch', 'cv2'} & set(sys.modules)) != [])"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=60)
 
 
 # --------------------------------------------------------------------------- real runs
@@ -363,7 +371,6 @@ def test_a_live_measurement_of_served_cameras() -> None:
     step = measure_live(
         options,
         videos,
-        serve=_sim_cameras().serve,
         fps=15.0,
         duration_s=2.0,
         warmup_s=0.5,
@@ -419,7 +426,7 @@ def test_capacity_of_the_default_model_in_under_5_minutes(yolox_nano_onnx: Path)
     )
     assert options.model_name == "yolox-nano"
     seen: list[CapacityStep] = []
-    result = capacity(options, cameras=_sim_cameras(), fps=15.0, on_step=seen.append)
+    result = capacity(options, fps=15.0, on_step=seen.append)
     print(result.table())
     assert result.elapsed_s < 300
     assert tuple(seen) == result.steps
@@ -430,4 +437,4 @@ def test_capacity_of_the_default_model_in_under_5_minutes(yolox_nano_onnx: Path)
 def test_live_bench_refuses_a_rig_without_videos() -> None:
     options = RunOptions(sources=("cam=http://127.0.0.1:9/x.mjpg",), model=ORACLE, weights=None)
     with pytest.raises(ConfigError, match="serves video files as cameras"):
-        live_bench(options, cameras=_sim_cameras())
+        live_bench(options)

@@ -11,23 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from drivepercept.cli.commands import _sim_cameras
+from drivepercept.bench import BenchRequest, SweepGrid, write_bench_json, write_bench_plot
+from drivepercept.bench.common import SpeedOptions
+from drivepercept.bench.compare import BenchResult
+from drivepercept.bench.served import LiveStep
+from drivepercept.bench.sweep import HEADER, SweepCell, SweepResult, measure_grid
 from drivepercept.errors import ConfigError, OutputError
-from drivepercept.run import (
-    SIMULATED,
-    BenchRequest,
-    RunOptions,
-    SimCameras,
-    SweepGrid,
-    SweepResult,
-    run_bench,
-    sweep,
-    write_bench_json,
-    write_bench_plot,
-)
-from drivepercept.run.bench_live import LiveStep
-from drivepercept.run.bench_sweep import HEADER, SweepCell, measure_grid
-from drivepercept.run.benchmark import BenchResult, SpeedOptions
 from drivepercept.telemetry.loadwatch import LoadFigures
 
 ORACLE = "drivepercept.models.oracle:make_oracle"
@@ -185,7 +174,7 @@ def test_the_table_says_what_ran_and_has_a_row_per_cell() -> None:
     lines = result.table().splitlines()
     assert lines[0] == "sweep: 640x360 cameras at 15 fps, 5 s per cell after 2 s of settling"
     assert lines[1] == "model yolox-nano, input 416x256, device cpu"
-    assert lines[2] == result.speed.line()  # every precision swept, then the other options
+    assert lines[2] == result.speed_lines()[0]  # every precision swept, then the other options
     assert lines[2].startswith("speed: fp32/bf16 (per cell), channels_last on, compile off")
     assert lines[3] == HEADER
     assert lines[3].split() == [
@@ -288,15 +277,6 @@ def test_only_a_sweep_draws_a_plot_where_it_can(tmp_path: Path) -> None:
         write_bench_plot(tmp_path / "x.png", BenchResult((), batch=1, device="cpu"))
     with pytest.raises(OutputError, match=r"cannot write .*/missing/x\.png"):
         write_bench_plot(tmp_path / "missing" / "x.png", _sweep()[0])
-
-
-def test_a_sweep_needs_the_camera_server_and_the_renderer() -> None:
-    options = RunOptions(sources=(SIMULATED,), model=ORACLE, weights=None)
-    with pytest.raises(ConfigError, match="needs the camera server"):
-        run_bench(options, BenchRequest(mode="sweep"))
-    serve_only = SimCameras(serve=_sim_cameras().serve)
-    with pytest.raises(ConfigError, match="needs a clip renderer"):
-        sweep(options, cameras=serve_only, grid=SweepGrid(precisions=("fp32",)))
 
 
 # --------------------------------------------------------------------------- the command line

@@ -220,7 +220,7 @@ def test_run_json_records_the_lanes(tmp_path: Path) -> None:
 
 
 def test_bench_figures_name_the_lanes_and_each_lanes_threads() -> None:
-    from drivepercept.run.benchmark import SpeedOptions
+    from drivepercept.bench.common import SpeedOptions
 
     config = PipelineConfig(device="cpu", torch_threads=2)
     step = DetectorStep(_recording(), config, CPU, max_batch=6)

@@ -319,8 +319,8 @@ def test_auto_on_cuda_runs_torch_unless_tensorrt_is_installed_cuda(
 
 
 def test_bench_figures_name_the_runtime_that_ran(tmp_path: Path) -> None:
+    from drivepercept.bench.common import SpeedOptions
     from drivepercept.config import PipelineConfig
-    from drivepercept.run.benchmark import SpeedOptions
 
     tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
     on_ort = choose_runtime(tiny, RuntimeRequest(cache=tmp_path, threads=2))

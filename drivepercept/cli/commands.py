@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drivepercept import bench as benches
 from drivepercept import report as reports
 from drivepercept import run as jobs
 from drivepercept.errors import ConfigError, redact
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # the jobs load torch and OpenCV: imported when a command run
     from drivepercept.run.console import Progress
 
 log = logging.getLogger("drivepercept")
-# the exit codes (README): bad input 2 is also argparse's; see main() and cmd_replay
+# the exit codes (README): bad input 2 is also argparse's; see main() and cmd_run
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_PARTIAL = 0, 1, 2, 3
 EXIT_NO_FRAMES, EXIT_INTERRUPTED = 4, 130
 RECONNECT = {
@@ -67,15 +68,7 @@ def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
     return jobs.RunOptions(
         sources=sources,
         mode=mode,
-        model=settings.get("model"),
-        weights=settings.get("weights", "DEFAULT"),
-        classes=settings.get("classes", "driving"),
-        input_size=settings.get("input_size"),
-        weights_dir=settings.get("weights_dir"),
-        weights_mirror=settings.get("weights_mirror"),
-        **{k: settings[k] for k in jobs.ONNX_KEYS if k in settings},
-        runtime=settings.get("runtime", "auto"),
-        onnx_cache=settings.get("onnx_cache"),
+        **jobs.ModelOptions.from_settings(settings).run_fields(),
         settings={k: v for k, v in settings.items() if k in jobs.PIPELINE_KEYS},
         out_root=Path(settings.get("out", "runs")),
         name=settings.get("name"),
@@ -122,7 +115,8 @@ def _with_progress(args: argparse.Namespace, job: Callable[[Progress], Any]) -> 
         bar.finish()
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
+    """`replay` (files as fast as they decode, or paced with --realtime) and `live`: a run."""
     from drivepercept.run import run
     from drivepercept.run.console import report_lines, summary_table
 
@@ -145,7 +139,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from drivepercept.run import EvalThresholds, evaluate
+    from drivepercept.run import EvalThresholds, evaluate_clip
 
     sources, settings = merged_settings(args)
     if len(sources) != 1:
@@ -153,7 +147,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     th = EvalThresholds(min_visibility=args.min_visibility, min_height_px=args.min_height_px)
     result = _with_progress(
         args,
-        lambda bar: evaluate(
+        lambda bar: evaluate_clip(
             sources[0],
             ground_truth=args.ground_truth,
             settings=settings,
@@ -169,11 +163,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from drivepercept.run import SIMULATED, BenchRequest, run_bench, write_bench_json
-
     if args.mode in ("capacity", "sweep") and not (args.sources or args.rig or args.config):
-        args.sources = [SIMULATED]  # capacity and the sweep render their own cameras
-    request = BenchRequest(
+        args.sources = [benches.SIMULATED]  # capacity and the sweep render their own cameras
+    request = benches.BenchRequest(
         args.mode,
         frames_per_camera=args.frames,
         rounds=args.rounds,
@@ -187,34 +179,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     options = run_options(args, jobs.Mode.REPLAY)
     # capacity's steps and the sweep's cells show as they go (stderr: stdout gets the table)
-    report = run_bench(
+    report = benches.run_bench(
         options,
         request,
-        cameras=_sim_cameras(),
         on_step=lambda s: print(f"step: {s.line()}", file=sys.stderr, flush=True),
     )
     print(report.table())
     if args.json is not None:
-        write_bench_json(args.json, request, report)
+        benches.write_bench_json(args.json, request, report)
         print(f"figures: {args.json}")
     plot = request.plot_path(args.json)
     if plot is not None:
-        jobs.write_bench_plot(plot, report)
+        benches.write_bench_plot(plot, report)
         print(f"plot: {plot}")
     return EXIT_OK
-
-
-def _sim_cameras() -> jobs.SimCameras:
-    """The simulator's camera server and clip renderer for bench's live modes (the jobs sit
-    beside sim/, not above it)."""
-    from drivepercept.sim.clip import simulate_clip
-    from drivepercept.sim.config import SimulationConfig
-    from drivepercept.sim.serve import CameraServer
-
-    def render(out_dir: Path, **kw: Any) -> tuple[Path, ...]:
-        return simulate_clip(SimulationConfig(out_dir=out_dir, **kw)).videos
-
-    return jobs.SimCameras(serve=CameraServer, render=render)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -345,8 +323,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 FLEET_FLAGS = ("address", "workers", "cpus_per_worker", "gpus_per_worker", "max_retries", "resume")
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "simulate": cmd_simulate,
-    "replay": cmd_replay,
-    "live": cmd_replay,
+    "replay": cmd_run,
+    "live": cmd_run,
     "eval": cmd_eval,
     "bench": cmd_bench,
     "serve-cameras": cmd_serve,

@@ -8,83 +8,62 @@
         print(frame["camera"], frame["frame_index"], frame["class_names"])
 
 `run` replays recorded cameras (`Mode.REPLAY`), replays them at their own pace
-(`Mode.REALTIME`) or reads live cameras (`Mode.LIVE`); `evaluate` scores a clip with ground
-truth; `bench` compares the model alone, the pipeline and a naive loop, and `run_bench`
-runs any of the benchmark suite's modes (`BENCH_MODES`: ceiling, live, capacity, sweep, ...).
+(`Mode.REALTIME`) or reads live cameras (`Mode.LIVE`); `evaluate_clip` scores a clip with ground
+truth. The benchmark suite over these jobs is `drivepercept.bench`.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# The public face, as one table: a name and the module it lives in, a line each. Type checkers
+# read these imports (`name as name`: a re-export); at run time `_homes` reads them, and a name
+# is imported from its module on first use, so that `drivepercept --help` (and anything else
+# that needs only options) does not load torch, OpenCV and matplotlib.
 if TYPE_CHECKING:
-    from drivepercept.config import ReconnectPolicy
-    from drivepercept.eval import EvalThresholds
-    from drivepercept.run.bench_capacity import SIMULATED
-    from drivepercept.run.bench_live import SimCameras
-    from drivepercept.run.bench_suite import (
-        BENCH_MODES,
-        BenchReport,
-        BenchRequest,
-        run_bench,
-        write_bench_json,
-        write_bench_plot,
-    )
-    from drivepercept.run.bench_sweep import SweepGrid, SweepResult, sweep
-    from drivepercept.run.benchmark import BenchResult, bench
-    from drivepercept.run.evaluation import EvaluateResult, evaluate
-    from drivepercept.run.export import export_model
-    from drivepercept.run.job import RunResult, run
-    from drivepercept.run.options import (
-        DEFAULT_MODEL,
-        ONNX_KEYS,
-        PIPELINE_KEYS,
-        RUN_KEYS,
-        Mode,
-        RunOptions,
-        environment_settings,
-        read_settings_file,
-    )
-    from drivepercept.run.quantize import QuantizeResult, quantize_model
-    from drivepercept.sinks.fanout import OnFailure, SinkPolicy
+    from drivepercept.config import ReconnectPolicy as ReconnectPolicy
+    from drivepercept.eval import EvalThresholds as EvalThresholds
+    from drivepercept.run.evaluation import EvaluateResult as EvaluateResult
+    from drivepercept.run.evaluation import evaluate_clip as evaluate_clip
+    from drivepercept.run.export import export_model as export_model
+    from drivepercept.run.job import RunResult as RunResult
+    from drivepercept.run.job import run as run
+    from drivepercept.run.options import DEFAULT_MODEL as DEFAULT_MODEL
+    from drivepercept.run.options import ONNX_KEYS as ONNX_KEYS
+    from drivepercept.run.options import PIPELINE_KEYS as PIPELINE_KEYS
+    from drivepercept.run.options import RUN_KEYS as RUN_KEYS
+    from drivepercept.run.options import Mode as Mode
+    from drivepercept.run.options import ModelOptions as ModelOptions
+    from drivepercept.run.options import RunOptions as RunOptions
+    from drivepercept.run.options import environment_settings as environment_settings
+    from drivepercept.run.options import read_settings_file as read_settings_file
+    from drivepercept.run.quantize import QuantizeResult as QuantizeResult
+    from drivepercept.run.quantize import quantize_model as quantize_model
+    from drivepercept.sinks.fanout import OnFailure as OnFailure
+    from drivepercept.sinks.fanout import SinkPolicy as SinkPolicy
 
-# where each name lives: imported on first use, so that `drivepercept --help` (and anything
-# else that needs only options) does not load torch, OpenCV and matplotlib
-_HOMES = {
-    "ReconnectPolicy": "drivepercept.config",
-    "EvalThresholds": "drivepercept.eval",
-    "SIMULATED": "drivepercept.run.bench_capacity",
-    "SimCameras": "drivepercept.run.bench_live",
-    "BENCH_MODES": "drivepercept.run.bench_suite",
-    "BenchReport": "drivepercept.run.bench_suite",
-    "BenchRequest": "drivepercept.run.bench_suite",
-    "run_bench": "drivepercept.run.bench_suite",
-    "write_bench_json": "drivepercept.run.bench_suite",
-    "write_bench_plot": "drivepercept.run.bench_suite",
-    "SweepGrid": "drivepercept.run.bench_sweep",
-    "SweepResult": "drivepercept.run.bench_sweep",
-    "sweep": "drivepercept.run.bench_sweep",
-    "BenchResult": "drivepercept.run.benchmark",
-    "bench": "drivepercept.run.benchmark",
-    "EvaluateResult": "drivepercept.run.evaluation",
-    "evaluate": "drivepercept.run.evaluation",
-    "export_model": "drivepercept.run.export",
-    "RunResult": "drivepercept.run.job",
-    "run": "drivepercept.run.job",
-    "QuantizeResult": "drivepercept.run.quantize",
-    "quantize_model": "drivepercept.run.quantize",
-    "DEFAULT_MODEL": "drivepercept.run.options",
-    "environment_settings": "drivepercept.run.options",
-    "ONNX_KEYS": "drivepercept.run.options",
-    "PIPELINE_KEYS": "drivepercept.run.options",
-    "RUN_KEYS": "drivepercept.run.options",
-    "Mode": "drivepercept.run.options",
-    "RunOptions": "drivepercept.run.options",
-    "read_settings_file": "drivepercept.run.options",
-    "OnFailure": "drivepercept.sinks.fanout",
-    "SinkPolicy": "drivepercept.sinks.fanout",
-}
+
+def _homes() -> dict[str, str]:
+    """Name -> home module: the imports under TYPE_CHECKING above, read from this file."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    table = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    return {
+        alias.asname or alias.name: node.module
+        for node in table.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+
+
+_HOMES = _homes()
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
@@ -94,39 +73,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # found here from now on
     return value
-
-
-__all__ = [
-    "BENCH_MODES",
-    "DEFAULT_MODEL",
-    "ONNX_KEYS",
-    "PIPELINE_KEYS",
-    "RUN_KEYS",
-    "SIMULATED",
-    "BenchReport",
-    "BenchRequest",
-    "BenchResult",
-    "EvalThresholds",
-    "EvaluateResult",
-    "Mode",
-    "OnFailure",
-    "QuantizeResult",
-    "ReconnectPolicy",
-    "RunOptions",
-    "RunResult",
-    "SimCameras",
-    "SinkPolicy",
-    "SweepGrid",
-    "SweepResult",
-    "bench",
-    "environment_settings",
-    "evaluate",
-    "export_model",
-    "quantize_model",
-    "read_settings_file",
-    "run",
-    "run_bench",
-    "sweep",
-    "write_bench_json",
-    "write_bench_plot",
-]

@@ -1,6 +1,6 @@
 """`drivepercept bench --mode capacity`: how many live cameras this machine serves.
 
-The answer is the largest number of cameras at `fps` each whose live run (see `bench_live`)
+The answer is the largest number of cameras at `fps` each whose live run (`measure_live`)
 keeps the p99 end-to-end latency under the budget, drops at most 1 % of the frames offered,
 and keeps up (results at 95 % or more of the cameras' combined rate: the simulated cameras
 share the CPU, and a camera server that cannot pace its cameras is a machine that is full).
@@ -26,7 +26,7 @@ The search, and why it repeats itself to within one camera:
   frame rate by well under their thresholds.
 
 Each step's row shows the load over its window (GPU utilization mean/max and this process's
-CPU, see `bench_live`), so a count that stops short of the budget says whether the GPU or the
+CPU, see `bench.live`), so a count that stops short of the budget says whether the GPU or the
 CPU was the one that filled up.
 
 So only the count at the edge of the budget is in doubt, and a rerun gives the same count or
@@ -36,40 +36,30 @@ warm up, 12 s measured and settling, drain) x 5-8 steps: 2 to 3 minutes at 640x3
 
 from __future__ import annotations
 
-import logging
 import math
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from drivepercept.engine.device import resolve_device
-from drivepercept.errors import ConfigError
-from drivepercept.geometry import MAX_CAMERAS, check_fps, check_size
-from drivepercept.models.base import Detector
-from drivepercept.run.bench_live import (
+from drivepercept.bench.common import ResultHeader
+from drivepercept.bench.served import (
+    CLIPS,
     DEFAULT_WARMUP_S,
+    STEP_HEADER,
     LiveStep,
-    SimCameras,
-    measure_live,
+    SyntheticCameras,
 )
-from drivepercept.run.benchmark import SpeedOptions
+from drivepercept.errors import ConfigError
+from drivepercept.geometry import MAX_CAMERAS
+from drivepercept.models.base import Detector
 from drivepercept.run.job import load_model
 from drivepercept.run.options import RunOptions
-from drivepercept.telemetry.loadwatch import NA
 
-log = logging.getLogger(__name__)
-
-CLIPS = 4  # distinct rendered cameras; more cameras share them round-robin
-CLIP_S = 3.0  # each clip is looped by the server
-CLIP_SEED = 14
 MAX_DROP_SHARE = 0.01
 MIN_RATE_SHARE = 0.95
 DEFAULT_STEP_S = 10.0
 DEFAULT_FPS = 30.0
-SIMULATED = "simulated"  # a placeholder source: capacity renders its own cameras
 
 
 @dataclass(frozen=True)
@@ -98,10 +88,7 @@ class Verdict:
         return ", ".join(misses)
 
 
-HEADER = (
-    f"{'cameras':>9} {'frames/s':>8} {'target':>7} {'p50 ms':>7} {'p99 ms':>7} {'dropped':>8} "
-    f"{'GPU %':>7} {'CPU %':>6}"
-)
+HEADER = f"{'cameras':>9} {STEP_HEADER}"
 LOAD_NOTE = "(GPU %: NVML utilization mean/max; CPU %: this process's mean, 100 = one core)"
 
 
@@ -116,14 +103,9 @@ class CapacityStep:
 
     def line(self) -> str:
         """One row under `HEADER`."""
-        s = self.step
-        cameras = f"{s.cameras}{' again' if self.attempt > 1 else ''}"
+        cameras = f"{self.step.cameras}{' again' if self.attempt > 1 else ''}"
         verdict = "pass" if self.passed else f"FAIL: {self.why_not}"
-        gpu, cpu = (s.load.gpu_util_cell, s.load.cpu_cell) if s.load else (NA, NA)
-        return (
-            f"{cameras:>9} {s.achieved_fps:>8.1f} {s.target_fps:>7.1f} {s.p50_ms:>7.1f} "
-            f"{s.p99_ms:>7.1f} {s.drop_share:>8.1%} {gpu:>7} {cpu:>6}  {verdict}"
-        )
+        return f"{cameras:>9} {self.step.cells()}  {verdict}"
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.step.as_dict(), "passed": self.passed, "attempt": self.attempt}
@@ -177,7 +159,7 @@ def search_capacity(
 
 
 @dataclass(frozen=True)
-class CapacityResult:
+class CapacityResult(ResultHeader):
     """`bench --mode capacity`: the answer, each step, and what was asked."""
 
     cameras: int
@@ -185,20 +167,16 @@ class CapacityResult:
     fps: float
     budget_ms: float
     size: tuple[int, int]
-    model: str
-    input_size: tuple[int, int]
-    device: str
     step_s: float
     elapsed_s: float
-    speed: SpeedOptions | None = None
 
     def table(self) -> str:
-        (w, h), (iw, ih) = self.size, self.input_size
+        w, h = self.size
         rows = [
             f"capacity: {w}x{h} cameras at {self.fps:g} fps, p99 < {self.budget_ms:g} ms, "
             f"<= {MAX_DROP_SHARE:.0%} dropped",
-            f"model {self.model}, input {iw}x{ih}, device {self.device}",
-            *([self.speed.line()] if self.speed else []),
+            self.describe(),
+            *self.speed_lines(),
             HEADER,
             *(s.line() for s in self.steps),
             LOAD_NOTE,
@@ -208,19 +186,16 @@ class CapacityResult:
         return "\n".join(rows)
 
     def as_dict(self) -> dict[str, Any]:
-        (w, h), (iw, ih) = self.size, self.input_size
+        w, h = self.size
         return {
+            **super().as_dict(),
             "cameras": self.cameras,
             "fps_per_camera": self.fps,
             "budget_ms": self.budget_ms,
             "max_drop_share": MAX_DROP_SHARE,
             "size": f"{w}x{h}",
-            "model": self.model,
-            "input_size": f"{iw}x{ih}",
-            "device": self.device,
             "step_s": self.step_s,
             "elapsed_s": round(self.elapsed_s, 1),
-            "speed": self.speed.as_dict() if self.speed else None,
             "steps": [s.as_dict() for s in self.steps],
         }
 
@@ -228,7 +203,6 @@ class CapacityResult:
 def capacity(
     options: RunOptions,
     *,
-    cameras: SimCameras,
     fps: float | None = None,
     size: tuple[int, int] = (640, 360),
     step_s: float | None = None,
@@ -242,7 +216,6 @@ def capacity(
 
     Args:
         options: model and settings (its sources are not used: the cameras are rendered).
-        cameras: the camera server and the renderer (`SimCameras.render` is required).
         fps, size: each camera's frame rate (None: `DEFAULT_FPS`) and frame size.
         step_s: the measured window of each step (None: `DEFAULT_STEP_S`).
         warmup_s: settling time before each window.
@@ -251,57 +224,25 @@ def capacity(
         on_step: called with each step as it is measured (the CLI prints it).
 
     Raises:
-        ConfigError: a bad fps, size, budget or step duration, or no renderer.
+        ConfigError: a bad fps, size, budget or step duration.
     """
     started = time.monotonic()
-    fps = check_fps(fps or DEFAULT_FPS)
-    step_s = step_s or DEFAULT_STEP_S
-    width, height = check_size(*size)
+    cameras = SyntheticCameras(fps or DEFAULT_FPS, size, step_s or DEFAULT_STEP_S, warmup_s)
     verdict = Verdict(options.budget_ms)
-    if not (math.isfinite(step_s) and step_s > 0):
-        raise ConfigError(f"duration must be > 0 s, got {step_s:g}")
-    if cameras.render is None:
-        raise ConfigError("bench --mode capacity needs a clip renderer (SimCameras.render)")
     detector = detector or load_model(options)
-    with tempfile.TemporaryDirectory(prefix="drivepercept-capacity-") as tmp:
-        log.info("rendering %d clips of %g s at %dx%d", CLIPS, CLIP_S, width, height)
-        clips = list(
-            cameras.render(
-                Path(tmp),
-                cameras=CLIPS,
-                seconds=CLIP_S,
-                fps=fps,
-                width=width,
-                height=height,
-                seed=CLIP_SEED,
-            )
+    with cameras.rendered(CLIPS, detector) as measure:
+        found, steps = search_capacity(
+            lambda n: measure(options, n), verdict, max_cameras=max_cameras, on_step=on_step
         )
-
-        def measure(n: int) -> LiveStep:
-            videos = [(f"cam{k:02d}", clips[k % len(clips)]) for k in range(n)]
-            return measure_live(
-                options,
-                videos,
-                serve=cameras.serve,
-                fps=fps,
-                duration_s=step_s,
-                warmup_s=warmup_s,
-                detector=detector,
-            )
-
-        found, steps = search_capacity(measure, verdict, max_cameras=max_cameras, on_step=on_step)
-    config = options.pipeline()
-    return CapacityResult(
+    # after the runs: torch's threads as the engine left them
+    return CapacityResult.measured(
+        detector,
+        options.pipeline(),
         cameras=found,
         steps=steps,
-        fps=fps,
+        fps=cameras.fps,
         budget_ms=verdict.budget_ms,
-        size=(width, height),
-        model=detector.name,
-        input_size=detector.input.size,
-        device=str(resolve_device(config.device)),
-        step_s=step_s,
+        size=cameras.size,
+        step_s=cameras.duration_s,
         elapsed_s=time.monotonic() - started,
-        # after the runs: torch's threads as the engine left them
-        speed=SpeedOptions.of(config, detector=detector),
     )

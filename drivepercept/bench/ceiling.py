@@ -1,7 +1,7 @@
 """`drivepercept bench --mode ceiling`: what the model alone does, per batch size.
 
 For every batch size from 1 to the rig's camera count: pre-made batches (the first frame of
-each camera, prepared once; see `benchmark.first_frames`) already on the device, through the
+each camera, prepared once; see `common.model_only`) already on the device, through the
 engine's own steps (`DetectorStep`: normalise, model, filter and NMS), each batch waited for.
 No decoding, no queues, no copies from the host: the ceiling any pipeline on this machine
 stays under. Throughput says what batching buys; latency says what it costs a frame (a frame
@@ -18,18 +18,13 @@ NVML's averaging window on a GPU; see `telemetry.loadwatch`).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from drivepercept.engine.device import resolve_device
-from drivepercept.engine.step import DetectorStep
+from drivepercept.bench.common import ResultHeader, model_only
 from drivepercept.errors import ConfigError
 from drivepercept.models.base import Detector
-from drivepercept.rig import resolve_cameras
-from drivepercept.run.benchmark import SpeedOptions, first_frames, set_torch_threads
-from drivepercept.run.job import load_model
 from drivepercept.run.options import RunOptions
 from drivepercept.telemetry.loadwatch import LoadFigures, watch_load
 from drivepercept.telemetry.sampler import gpu_refs
@@ -58,24 +53,19 @@ class CeilingLine:
 
 
 @dataclass(frozen=True)
-class CeilingResult:
+class CeilingResult(ResultHeader):
     """Model-only throughput and latency per batch size, the speed options they were
     measured with, and the load over the timed rounds."""
 
     lines: tuple[CeilingLine, ...]
-    model: str
-    input_size: tuple[int, int]
-    device: str
     precision: str
     rounds: int
-    speed: SpeedOptions | None = None
     load: LoadFigures | None = None
 
     def table(self) -> str:
-        w, h = self.input_size
         rows = [
-            f"ceiling: model {self.model}, input {w}x{h}, device {self.device}, {self.precision}",
-            *([self.speed.line()] if self.speed else []),
+            f"ceiling: {self.describe()}, {self.precision}",
+            *self.speed_lines(),
             f"{'batch':>5} {'batches':>8} {'frames/s':>9} {'p50 ms':>8} {'p99 ms':>8}",
         ]
         for x in self.lines:
@@ -92,14 +82,10 @@ class CeilingResult:
         return "\n".join(rows)
 
     def as_dict(self) -> dict[str, Any]:
-        w, h = self.input_size
         return {
-            "model": self.model,
-            "input_size": f"{w}x{h}",
-            "device": self.device,
+            **super().as_dict(),
             "precision": self.precision,
             "rounds": self.rounds,
-            "speed": self.speed.as_dict() if self.speed else None,
             "load": self.load.as_dict() if self.load else None,
             "lines": [x.as_dict() for x in self.lines],
         }
@@ -129,21 +115,16 @@ def ceiling(
         raise ConfigError(
             f"batches and rounds must be >= 1 and warm-up >= 0, got {batches}, {rounds}, {warmup}"
         )
-    cams = resolve_cameras(options.sources)
-    config = options.pipeline()
-    detector = detector or load_model(options)
-    device = resolve_device(config.device)
-    set_torch_threads(config)
-    runner = DetectorStep(detector, config, device, max_batch=len(cams))
-    with contextlib.closing(runner):  # its CPU lane threads
-        frames = first_frames(cams, detector.input).to(device)  # on the device before timing
-        sizes = range(1, len(cams) + 1)
+    with model_only(options, detector) as m:
+        config, detector, runner = m.config, m.detector, m.runner
+        frames = m.frames.to(m.device)  # on the device before timing
+        sizes = range(1, len(m.cams) + 1)
         for size in sizes:
             for _ in range(warmup):
                 runner(frames[:size])
         fps: dict[int, float] = dict.fromkeys(sizes, 0.0)
         latency_ms: dict[int, list[float]] = {size: [] for size in sizes}
-        with watch_load(gpu_refs(device), rate_hz=config.sample_hz) as load:
+        with watch_load(gpu_refs(m.device), rate_hz=config.sample_hz) as load:
             timed_from = time.monotonic_ns()
             for _ in range(rounds):
                 for size in sizes:
@@ -160,13 +141,12 @@ def ceiling(
         for size in sizes:
             stats = latency_stats(latency_ms[size])
             lines.append(CeilingLine(size, batches, fps[size], stats.p50_ms, stats.p99_ms))
-        return CeilingResult(
-            tuple(lines),
-            model=detector.name,
-            input_size=detector.input.size,
-            device=str(device),
+        return CeilingResult.measured(
+            detector,
+            config,
+            runner=runner,
+            lines=tuple(lines),
             precision=config.precision,
             rounds=rounds,
-            speed=SpeedOptions.of(config, runner),
             load=load.figures([timed]),
         )

@@ -1,14 +1,18 @@
 """`drivepercept bench --mode ...`: one front door to the benchmarks, and their JSON.
 
-| mode       | measures                                                  | module          |
-|------------|-----------------------------------------------------------|-----------------|
-| (default)  | model-only vs replay pipeline vs naive loop, interleaved  | `benchmark`     |
-| `ceiling`  | model-only frames/s and latency per batch size            | `bench_ceiling` |
-| `pipeline` | the replay pipeline alone                                 | `benchmark`     |
-| `naive`    | the naive loop alone                                      | `benchmark`     |
-| `live`     | the rig's videos served live: frames/s, p50/p99, drops    | `bench_live`    |
-| `capacity` | the most live cameras within a latency budget             | `bench_capacity`|
-| `sweep`    | live figures over precision x batch timeout x cameras     | `bench_sweep`   |
+| mode       | measures                                                  | module     |
+|------------|-----------------------------------------------------------|------------|
+| (default)  | model-only vs replay pipeline vs naive loop, interleaved  | `compare`  |
+| `ceiling`  | model-only frames/s and latency per batch size            | `ceiling`  |
+| `pipeline` | the replay pipeline alone                                 | `compare`  |
+| `naive`    | the naive loop alone                                      | `compare`  |
+| `live`     | the rig's videos served live: frames/s, p50/p99, drops    | `live`     |
+| `capacity` | the most live cameras within a latency budget             | `capacity` |
+| `sweep`    | live figures over precision x batch timeout x cameras     | `sweep`    |
+
+Their shared parts (speed options, the result header, first frames, synthetic cameras, the
+live measurement) are `common`'s; this module and `grid` load neither torch nor OpenCV, so a
+request is checked before any model, render or camera.
 
 `--json PATH` writes the figures with the machine they were measured on, for comparing
 machines; the sweep also draws a plot (`write_bench_plot`), beside the JSON by default.
@@ -27,15 +31,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from drivepercept import __version__
+from drivepercept.bench.grid import SweepGrid
 from drivepercept.errors import ConfigError, OutputError
 from drivepercept.geometry import check_fps, parse_size
 
 if TYPE_CHECKING:  # the jobs load torch and OpenCV: imported when a benchmark runs
-    from drivepercept.run.bench_live import SimCameras
-    from drivepercept.run.bench_sweep import SweepGrid
     from drivepercept.run.options import RunOptions
 
 BENCH_MODES = ("default", "ceiling", "pipeline", "naive", "live", "capacity", "sweep")
+SIMULATED = "simulated"  # a placeholder source: capacity and the sweep render their cameras
 JSON_SCHEMA_VERSION = 1
 DEFAULT_SIZE = "640x360"
 
@@ -68,7 +72,7 @@ class BenchRequest:
         size: capacity's and the sweep's camera frame size, "WIDTHxHEIGHT" (None:
             `DEFAULT_SIZE`).
         precisions, timeouts_ms, sweep_cameras: the sweep's axes, comma-separated ("fp32,bf16",
-            "5,20,50", "1,2,4"; None: the defaults, see `bench_sweep.SweepGrid.parse`).
+            "5,20,50", "1,2,4"; None: the defaults, see `grid.SweepGrid.parse`).
         plot: where the sweep's PNG goes (None: beside `--json`, see `plot_path`).
     """
 
@@ -106,8 +110,6 @@ class BenchRequest:
 
     def grid(self) -> SweepGrid:
         """The sweep's axes (precisions still unresolved: they depend on the device)."""
-        from drivepercept.run.bench_sweep import SweepGrid
-
         return SweepGrid.parse(
             precisions=self.precisions, timeouts_ms=self.timeouts_ms, cameras=self.sweep_cameras
         )
@@ -124,7 +126,6 @@ def run_bench(
     options: RunOptions,
     request: BenchRequest,
     *,
-    cameras: SimCameras | None = None,
     on_step: Callable[[BenchStep], None] | None = None,
 ) -> BenchReport:
     """Run the benchmark `request` names with `options`' model and settings.
@@ -132,50 +133,41 @@ def run_bench(
     Args:
         options: sources (a rig; capacity renders its own cameras), model, settings, budget.
         request: the mode and its knobs.
-        cameras: the camera server and renderer, for live, capacity and sweep (see
-            `SimCameras`).
         on_step: capacity's and the sweep's progress, each step or cell as it is measured.
 
     Raises:
         ConfigError: bad input; DrivePerceptError from the run itself.
     """
-    if request.mode in ("live", "capacity", "sweep") and cameras is None:
-        raise ConfigError(f"bench --mode {request.mode} needs the camera server (SimCameras)")
     if request.mode == "ceiling":
-        from drivepercept.run.bench_ceiling import ceiling
+        from drivepercept.bench.ceiling import ceiling
 
         return ceiling(options, rounds=request.rounds)
     if request.mode == "live":
-        from drivepercept.run.bench_live import live_bench
+        from drivepercept.bench.live import live_bench
 
-        assert cameras is not None
-        return live_bench(options, cameras=cameras, fps=request.fps, duration_s=request.duration_s)
+        return live_bench(options, fps=request.fps, duration_s=request.duration_s)
     if request.mode == "capacity":
-        from drivepercept.run.bench_capacity import capacity
+        from drivepercept.bench.capacity import capacity
 
-        assert cameras is not None
         return capacity(
             options,
-            cameras=cameras,
             fps=request.fps,
             size=parse_size(request.size or DEFAULT_SIZE),
             step_s=request.duration_s,
             on_step=on_step,
         )
     if request.mode == "sweep":
-        from drivepercept.run.bench_sweep import sweep
+        from drivepercept.bench.sweep import sweep
 
-        assert cameras is not None
         return sweep(
             options,
-            cameras=cameras,
             grid=request.grid(),
             fps=request.fps,
             size=parse_size(request.size or DEFAULT_SIZE),
             cell_s=request.duration_s,
             on_cell=on_step,
         )
-    from drivepercept.run.benchmark import MODES, bench
+    from drivepercept.bench.compare import MODES, bench
 
     modes = MODES if request.mode == "default" else (request.mode,)
     return bench(
@@ -220,7 +212,7 @@ def write_bench_plot(path: Path, report: BenchReport) -> None:
     Raises:
         ConfigError: `report` is not a sweep's; OutputError: the file cannot be written.
     """
-    from drivepercept.run.bench_sweep import SweepResult
+    from drivepercept.bench.sweep import SweepResult
 
     if not isinstance(report, SweepResult):
         raise ConfigError("only bench --sweep draws a plot")
