@@ -53,6 +53,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.shared)
 
 
+# how the tests that need a desktop tool went (marked `desktop`), said at the end of the run:
+# CI's log shows that they ran, not only that they did not fail
+_DESKTOP: dict[str, str] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "desktop" not in report.keywords:
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        _DESKTOP[report.nodeid] = report.outcome
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for nodeid, outcome in _DESKTOP.items():
+        terminalreporter.write_line(f"desktop test {outcome.upper()}: {nodeid}")
+
+
 @pytest.fixture
 def real_videos() -> Path:
     """The folder of real third-party clips (../shared/realvideos); skips when it is absent.

@@ -436,6 +436,7 @@ XVFB = shutil.which("Xvfb")
 XDOTOOL = shutil.which("xdotool")
 
 
+@pytest.mark.desktop
 @pytest.mark.skipif(XVFB is None or XDOTOOL is None, reason="needs Debian's xvfb and xdotool")
 def test_show_opens_a_live_window_on_a_display(tmp_path: Path, server: CameraServer) -> None:
     assert XVFB is not None and XDOTOOL is not None

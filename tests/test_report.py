@@ -487,6 +487,7 @@ def _page_requests(netlog: Path) -> list[str]:
     ]
 
 
+@pytest.mark.desktop
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_report_renders_in_headless_chromium_without_requests(
     sample_run: Path, tmp_path: Path
@@ -631,6 +632,7 @@ def test_markup_in_a_crafted_run_json_reaches_the_report_as_text(
     assert page.count("&lt;script&gt;") >= 5
 
 
+@pytest.mark.desktop
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_a_crafted_run_json_runs_no_script_in_headless_chromium(
     sample_run: Path, tmp_path: Path
