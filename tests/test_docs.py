@@ -71,6 +71,8 @@ import thirdparty
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+# what the docs call ../shared, linked beside each block's main/ to where the fixtures are
+DOCS_SHARED = "shared"
 LINKED = ("scripts", "models")  # read-only folders a command may name (sample_videos: copied)
 
 SHELL_TAGS = frozenset({"sh", "bash", "console", "shell"})
@@ -429,7 +431,7 @@ class Workspace:
             for name in LINKED:
                 (main / name).symlink_to(REPO / name)
             if thirdparty.present(thirdparty.SHARED):
-                (folder / "shared").symlink_to(thirdparty.SHARED)
+                (folder / DOCS_SHARED).symlink_to(thirdparty.SHARED)
             given = {p for c in block.commands if not c.python for p in PORT.findall(c.text)}
             ports = {port: str(_free_port()) for port in sorted(given)}
             run = self.runs[block.slug] = BlockRun(main=main, tmp=tmp, ports=ports)
