@@ -19,25 +19,26 @@ FLEET_FILES = ("_fleet", "fleet.json", "fleet.html")  # a fleet folder's own nam
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "geometry": set(),
+    "recording": set(),  # the robotics formats written (ROS 2 and Foxglove messages, MCAP)
     "_threads": set(),  # the process-wide OpenMP wait set at import (drivepercept/__init__)
     "rig": {"geometry", "types"},
     "config": {"types"},
     "rundir": {"types"},
-    "sources": {"types", "config", "rig", "geometry"},
+    "sources": {"types", "config", "rig", "geometry", "recording"},
     "queues": {"types", "config"},
     "batching": {"types", "config", "buffers", "queues"},
     "buffers": {"types", "config"},
     "models": {"types"},
     # (engine -> queues: the stop-aware put every hand-off uses)
     "engine": {"types", "config", "buffers", "models", "queues"},
-    "sinks": {"types", "rundir"},
+    "sinks": {"types", "rundir", "recording"},
     "telemetry": {"types"},
     "report": {"types", "rundir", "telemetry"},
     "eval": {"types", "rundir", "telemetry"},
-    "sim": {"types", "rig", "geometry"},
+    "sim": {"types", "rig", "geometry", "recording"},
 }
 STAGES = {"types", "geometry", "rig", "config", "rundir", "sources", "queues", "batching"}
-STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads"}
+STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads", "recording"}
 ABOVE = {
     "pipeline": STAGES,
     "run": STAGES | {"pipeline", "report", "eval"},
