@@ -16,6 +16,9 @@ import math
 import re
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from drivepercept.errors import ConfigError
 
 MAX_CAMERAS = 12
@@ -134,3 +137,56 @@ class Extrinsics:
             raise ConfigError("extrinsics yaw_deg and pitch_deg must be finite")
         if not -89.0 <= self.pitch_deg <= 89.0:
             raise ConfigError(f"extrinsics.pitch_deg must be in [-89, 89], got {self.pitch_deg}")
+
+
+def camera_rotation(extrinsics: Extrinsics) -> npt.NDArray[np.float64]:
+    """3x3 rotation taking ego-frame vectors into the camera frame (rows: the camera's right,
+    down and forward axes in the ego frame)."""
+    yaw = math.radians(extrinsics.yaw_deg)
+    pitch = math.radians(extrinsics.pitch_deg)
+    forward = np.array(
+        [math.cos(yaw) * math.cos(pitch), math.sin(yaw) * math.cos(pitch), -math.sin(pitch)]
+    )
+    right = np.array([math.sin(yaw), -math.cos(yaw), 0.0])
+    down = np.cross(forward, right)
+    return np.stack([right, down, forward])
+
+
+def ground_points(
+    uv: npt.NDArray[np.float64],
+    intrinsics: Intrinsics,
+    extrinsics: Extrinsics,
+    *,
+    max_range_m: float = 100.0,
+    rotation: npt.NDArray[np.float64] | None = None,
+) -> npt.NDArray[np.float64]:
+    """Pixels -> where their rays meet the ground (z = 0), (N, 2) ego x, y in metres
+    (`rotation`: `camera_rotation(extrinsics)`, when the caller keeps it).
+
+    A pixel whose ray does not go down (at or above the horizon), or meets the ground farther
+    than `max_range_m` from the camera (where a pixel spans metres), gives NaN: the caller
+    cannot place it. A camera below the ground or at it places nothing.
+    """
+    uv = np.asarray(uv, np.float64).reshape(-1, 2)
+    height = extrinsics.position_m[2]
+    out = np.full((len(uv), 2), np.nan)
+    if not len(uv) or height <= 0:
+        return out
+    rays_cam = np.stack(
+        [
+            (uv[:, 0] - intrinsics.cx) / intrinsics.fx,
+            (uv[:, 1] - intrinsics.cy) / intrinsics.fy,
+            np.ones(len(uv)),
+        ],
+        axis=1,
+    )
+    if rotation is None:
+        rotation = camera_rotation(extrinsics)
+    rays = rays_cam @ rotation  # camera -> ego: R^T applied row-wise
+    down = rays[:, 2] < -1e-9
+    scale = np.where(down, height / np.where(down, -rays[:, 2], 1.0), np.nan)
+    hit = rays[:, :2] * scale[:, None]
+    far = ~(np.hypot(hit[:, 0], hit[:, 1]) <= max_range_m)
+    hit[far] = np.nan
+    out = hit + np.asarray(extrinsics.position_m[:2])
+    return np.asarray(out, np.float64)

@@ -1,7 +1,7 @@
 """The one place that wires the stages, owns their threads and shuts them down.
 
-    decode-<camera> (one per camera) -> CameraQueues -> batcher -> StagingRing slot
-        -> engine (upload, normalise, model, NMS) -> engine-complete -> sinks
+    decode-<camera> (one per camera) -> CameraQueues -> batcher -> StagingRing slot -> engine
+    (upload, normalise, model, NMS) -> engine-complete (-> tracking stage) -> sinks
     gpu-monitor (beside them, when sample_hz > 0): GPU / CPU / memory load -> load sinks
 
 Shutdown: one `threading.Event`; every queue operation has a timeout; every thread sends its
@@ -70,6 +70,7 @@ class Pipeline:
         load_sinks: load-sample writers, called on the `gpu-monitor` thread.
         capture_stop: the event that stops capture (shared with live sources, whose reconnect
             waits it interrupts); the pipeline makes its own when none is given.
+        stage: runs over each batch's results before the sinks (tracking's `RigTracker`).
     """
 
     def __init__(
@@ -82,11 +83,11 @@ class Pipeline:
         keep_original: bool = False,
         load_sinks: Sequence[LoadSink] = (),
         capture_stop: threading.Event | None = None,
+        stage: Callable[[list[FrameResult]], list[FrameResult]] | None = None,
     ) -> None:
         if not cameras:
             raise DrivePerceptError("a pipeline needs at least one camera")
-        self.config = config
-        self.detector = detector
+        self.config, self.detector, self.stage = config, detector, stage
         self.device = resolve_device(config.device)
         self.sinks = (
             sinks
@@ -194,9 +195,10 @@ class Pipeline:
         self.stop_event.set()
 
     def _emit(self, results: list[FrameResult]) -> None:
-        """Completion thread: the sinks, then the counters. A batch the sinks refuse (they
-        began closing, or an essential output failed) is not counted, so the counts match
-        the run's own files."""
+        """Completion thread: the stage, the sinks, then the counters. A batch the sinks
+        refuse (closing, an essential output failed) is not counted: counts match files."""
+        if self.stage is not None:
+            results = self.stage(results)
         if self.sinks.dispatch(results):
             self.counters.add(results)
 
@@ -337,8 +339,8 @@ class Pipeline:
         )
 
     def stop_capture(self) -> float:
-        """Stop reading cameras; what is queued and in flight still completes. Returns the
-        monotonic time by which draining should be over. Safe from any thread."""
+        """Stop reading cameras; what is queued and in flight still completes. Returns when
+        (monotonic) draining should be over. Safe from any thread."""
         if not self.capture_stop.is_set():
             self._drain_started = time.monotonic()
         self.capture_stop.set()
@@ -370,9 +372,7 @@ class Pipeline:
             if t.is_alive():
                 not_stopped.append(t.name)
         if not_stopped:
-            log.error(
-                "threads did not stop within %.1f s: %s", JOIN_TIMEOUT_S, ", ".join(not_stopped)
-            )
+            log.error("threads did not stop within %.1f s: %s", JOIN_TIMEOUT_S, not_stopped)
         self._close_sinks()
         return (*not_stopped, *self.sinks.not_stopped)
 

@@ -47,6 +47,7 @@ class CameraConfig:
     intrinsics: Intrinsics | None = None
     extrinsics: Extrinsics | None = None
     source: str | None = None  # a live source: device index, /dev/videoN or stream URL
+    topic: str | None = None  # the image topic read from `video`, a recorded drive (bag, MCAP)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -60,6 +61,8 @@ class CameraConfig:
             raise ConfigError(f"camera {self.name!r}: give both width and height, or neither")
         if self.width is not None and self.height is not None:
             check_size(self.width, self.height)
+        if self.topic is not None and self.video is None:
+            raise ConfigError(f"camera {self.name!r}: a topic is read from a recording (video)")
 
     @property
     def size(self) -> tuple[int, int] | None:
@@ -107,7 +110,8 @@ SIMULATED_MODEL = "drivepercept-tiny"
 SIMULATOR = "drivepercept simulate"  # the [simulation] generator a simulated rig records
 
 _RIG_KEYS = {"model", "cameras"}
-_CAMERA_KEYS = {"name", "video", "source", "fps", "width", "height", "intrinsics", "extrinsics"}
+_CAMERA_KEYS = {"name", "video", "topic", "source", "fps", "width", "height"}
+_CAMERA_KEYS |= {"intrinsics", "extrinsics"}
 
 
 def _table(value: object, where: str) -> Mapping[str, Any]:
@@ -167,6 +171,9 @@ def _camera_from_table(raw: object, index: int, base_dir: Path) -> CameraConfig:
     source = table.get("source")
     if source is not None and (not isinstance(source, str) or not source):
         raise ConfigError(f"{where}: source must be a device or URL string, got {source!r}")
+    topic = table.get("topic")
+    if topic is not None and (not isinstance(topic, str) or not topic):
+        raise ConfigError(f"{where}: topic must be a topic name string, got {topic!r}")
     fps = _number(table, "fps", where) if "fps" in table else None
     width = _integer(table, "width", where) if "width" in table else None
     height = _integer(table, "height", where) if "height" in table else None
@@ -201,6 +208,7 @@ def _camera_from_table(raw: object, index: int, base_dir: Path) -> CameraConfig:
         intrinsics=intrinsics,
         extrinsics=extrinsics,
         source=source,
+        topic=topic,
     )
 
 
@@ -248,6 +256,8 @@ def _camera_to_table(camera: CameraConfig, base_dir: Path) -> dict[str, Any]:
         with contextlib.suppress(ValueError):
             video = video.resolve().relative_to(base_dir.resolve())
         table["video"] = video.as_posix()
+    if camera.topic is not None:
+        table["topic"] = camera.topic
     if camera.source is not None:
         table["source"] = camera.source
     if camera.fps is not None:
@@ -350,7 +360,7 @@ def _rig_cameras(path: Path, *, live: bool) -> list[CameraConfig]:
 
 
 def resolve_cameras(
-    items: Sequence[str], *, live: bool = False, folders_of_videos: bool = False
+    items: Sequence[str | CameraConfig], *, live: bool = False, folders_of_videos: bool = False
 ) -> tuple[CameraConfig, ...]:
     """Sources -> named cameras, in the order given: the one resolver of every mode.
 
@@ -364,6 +374,8 @@ def resolve_cameras(
     * a folder: with `folders_of_videos` (serve-cameras) each video in it (sorted) is a
       camera; otherwise the folder of images is one camera.
     * any other path: a video file, one camera named after its file stem.
+    * a `CameraConfig`: that camera, its name given (a recorded drive's topics, resolved
+      by `drivepercept.sources.recordings`, which reads the file).
 
     Names are made safe (`safe_name`). A repeated name gets `_2`, `_3`, ... except a name
     given explicitly (NAME=SOURCE or a rig's), which must be unique. At most MAX_CAMERAS.
@@ -376,6 +388,9 @@ def resolve_cameras(
         raise ConfigError("give at least one source: a rig.toml, a video, a folder or a URL")
     cams: list[tuple[CameraConfig, bool]] = []  # (camera, name given explicitly)
     for item in items:
+        if isinstance(item, CameraConfig):
+            cams.append((item, True))
+            continue
         if item.lower().endswith(".toml") and "://" not in item:
             cams += [(c, True) for c in _rig_cameras(Path(item), live=live)]
             continue

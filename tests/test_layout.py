@@ -36,9 +36,11 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"types", "rundir", "telemetry"},
     "eval": {"types", "rundir", "telemetry"},
     "sim": {"types", "rig", "geometry", "recording"},
+    "tracking": {"types", "rig", "geometry"},
 }
 STAGES = {"types", "geometry", "rig", "config", "rundir", "sources", "queues", "batching"}
 STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads", "recording"}
+STAGES |= {"tracking"}
 ABOVE = {
     "pipeline": STAGES,
     "run": STAGES | {"pipeline", "report", "eval"},

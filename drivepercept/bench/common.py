@@ -24,10 +24,10 @@ from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.engine.device import resolve_device
 from drivepercept.engine.step import DetectorStep
 from drivepercept.models.base import Detector, InputSpec
-from drivepercept.rig import CameraConfig, resolve_cameras
+from drivepercept.rig import CameraConfig
 from drivepercept.run.job import load_model
 from drivepercept.run.options import RunOptions
-from drivepercept.sources.open import open_cameras
+from drivepercept.sources.open import open_cameras, resolve_sources
 from drivepercept.sources.prepare import prepare
 from drivepercept.sources.readers import FrameReader, SourceError
 from drivepercept.types import Pacing
@@ -234,7 +234,7 @@ def model_only(options: RunOptions, detector: Detector | None = None) -> Iterato
     own step on them (the same model set-up, precision, threads and CPU lanes as a pipeline's
     engine; closed on exit, its lane threads with it) and the first frame of every camera
     (which also says at once when a camera has no frame)."""
-    cams = resolve_cameras(options.sources)
+    cams = resolve_sources(options.sources)
     config = options.pipeline()
     detector = detector or load_model(options)
     device = resolve_device(config.device)

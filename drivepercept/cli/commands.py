@@ -85,6 +85,13 @@ def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
         metrics_port=flag("metrics_port"),
         metrics_linger_s=flag("metrics_linger_s") or 0.0,
         show=can_show(bool(flag("show"))),
+        topics=jobs.topics_setting(settings.get("topics")),
+        mcap=settings.get("mcap"),
+        mcap_images=bool(settings.get("mcap_images")),
+        track=bool(settings.get("track")),
+        rerun=jobs.rerun_target(
+            flag("rerun"), flag("rerun_connect"), flag("rerun_save"), flag("rerun_serve")
+        ),
     )
 
 
@@ -153,12 +160,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
             settings=settings,
             thresholds=th,
             progress=bar,
+            track=bool(settings.get("track")),
+            streaming=args.streaming,
+            forecast=args.forecast,
         ),
     )
     if result is None:
         print("interrupted: no evaluation", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"{result.report.table()}\nrun folder: {result.run.run_dir}")
+    print(f"{result.table()}\nrun folder: {result.run.run_dir}")
     return EXIT_OK
 
 
@@ -197,24 +207,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from drivepercept.sim.clip import log_progress, simulate_clip
-    from drivepercept.sim.config import SimulationConfig, parse_size
+    from drivepercept.sim.config import DEFAULT_SECONDS, SimulationConfig, parse_size
 
     width, height = parse_size(args.size)
     config = SimulationConfig(
         out_dir=args.out,
         cameras=args.cameras,
-        seconds=args.seconds,
+        seconds=DEFAULT_SECONDS[args.preset] if args.seconds is None else args.seconds,
         fps=args.fps,
         width=width,
         height=height,
         seed=args.seed,
         noise=not args.no_noise,
+        format=args.format,
+        preset=args.preset,
     )
     result = simulate_clip(config, progress=log_progress())  # logged with -v
     per_cam_fps = result.frames / result.elapsed_s if result.elapsed_s > 0 else 0.0
+    what = f"{len(result.videos)} videos" if args.format == "mp4" else f"{args.cameras} cameras"
     print(
-        f"wrote {len(result.videos)} videos x {result.frames} frames, {result.annotations} "
-        f"boxes, to {result.out_dir} in {result.elapsed_s:.1f} s ({per_cam_fps:.1f} rig frames/s)"
+        f"wrote {what} x {result.frames} frames, {result.annotations} boxes, to "
+        f"{result.out_dir} in {result.elapsed_s:.1f} s ({per_cam_fps:.1f} rig frames/s)"
     )
     if result.interrupted:
         print("interrupted: the files hold the frames rendered so far", file=sys.stderr)

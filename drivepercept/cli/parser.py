@@ -30,6 +30,8 @@ def real(text: str) -> float:
 EXAMPLES = {
     "simulate": """
   drivepercept simulate --out /tmp/rig --cameras 6 --seconds 4 --fps 15 --size 640x360 --seed 7
+  drivepercept simulate --out /tmp/drive --format mcap   # one drive.mcap (ROS 2, Foxglove)
+  drivepercept simulate --out /tmp/long --preset crossing   # 30 s: bends, overtaking traffic
 Writes <camera>.mp4 per camera, ground_truth.json (the same seed, the same bytes), rig.toml.""",
     "replay": """
   drivepercept replay sample_videos/rig.toml --model ssdlite320_mobilenet_v3_large --weights none
@@ -151,6 +153,14 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         ("--open-timeout-s", real, "live: how long one connection attempt may take (5)"),
         ("--read-timeout-s", real, "live: a stream silent this long is lost (2)"),
         ("--max-part-mb", real, "live: the largest MJPEG frame accepted, MiB (8)"),
+        ("--track", "const", "track objects per camera and across the rig (objects.jsonl)"),
+        ("--topics", str, "recorded drive (.mcap, .bag): image topics to read, comma-separated"),
+        ("--mcap", Path, "also write the results as an MCAP file (Foxglove)"),
+        ("--mcap-images", "const", "with --mcap: the camera images too"),
+        ("--rerun", "store_true", "stream to a Rerun viewer (spawned; needs drivepercept[viz])"),
+        ("--rerun-connect", str, "stream to a running Rerun viewer (its gRPC URL)"),
+        ("--rerun-save", Path, "save the Rerun recording to this .rrd file"),
+        ("--rerun-serve", "store_true", "serve Rerun's web viewer on http://127.0.0.1:9090"),
     )
     p.add_argument("--no-report", dest="report", action="store_const", const="", help="no report")
 
@@ -178,11 +188,13 @@ def build_parser() -> Parser:
     sim = command("simulate", "render a synthetic multi-camera drive with exact ground truth")
     sim.add_argument("--out", required=True, type=Path, help="output folder (created)")
     sim.add_argument("--cameras", type=int, default=6, help="1-12 (6: nuScenes layout)")
-    sim.add_argument("--seconds", type=real, default=8.0, help="clip length (default 8)")
+    sim.add_argument("--seconds", type=real, help="clip length (default 8; crossing: 30)")
     sim.add_argument("--fps", type=real, default=15.0, help="frames per second (default 15)")
     sim.add_argument("--size", default="640x360", help="WIDTHxHEIGHT, even (default 640x360)")
     sim.add_argument("--seed", type=int, default=0, help="world seed (default 0)")
     sim.add_argument("--no-noise", action="store_true", help="no sensor noise and blur")
+    sim.add_argument("--format", choices=("mp4", "mcap"), default="mp4", help="(default mp4)")
+    sim.add_argument("--preset", choices=("default", "crossing"), default="default", help="world")
 
     rep = command("replay", "run detection over a recorded multi-camera drive")
     _model_args(rep)
@@ -217,6 +229,9 @@ def build_parser() -> Parser:
         ("--ground-truth", Path, "an image-folder SOURCE's COCO json, or other labels"),
         ("--out", Path, "folder for run folders (default runs/)"),
         ("--name", str, "run folder name (default eval-<date>-<time>)"),
+        ("--track", "const", "track, and score HOTA, MOTA, IDF1, same-id share, ego error"),
+        ("--streaming", "store_true", "replay in real time: streaming AP beside offline AP"),
+        ("--forecast", "store_true", "streaming, boxes forecast to capture time (tracks)"),
     )
     ev.add_argument("--min-visibility", type=real, default=0.3, help="(default 0.3)")
     ev.add_argument("--min-height-px", type=real, default=12.0, help="(default 12)")

@@ -64,14 +64,20 @@ COCO_ANNOTATIONS = CocoKind(  # any COCO file: ids may be strings, images are fo
 )
 
 
-def read_coco_json(path: Path, kind: CocoKind) -> dict[str, Any]:
+def read_coco_json(path: Path, kind: CocoKind, *, content: bytes | None = None) -> dict[str, Any]:
     """A COCO file read and checked item by item, so that scoring can index it blindly.
+
+    Args:
+        path: the file; with `content`, what names the labels in errors.
+        kind: what the file is and holds.
+        content: the file's bytes, read elsewhere (an MCAP attachment).
 
     Raises:
         ConfigError: missing, unreadable, not JSON, no COCO lists, or an item malformed.
     """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8") if content is None else content.decode("utf-8")
+        data = json.loads(text)
     except FileNotFoundError:
         raise ConfigError(kind.missing.format(path=path)) from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -116,14 +122,17 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def load_ground_truth(path: str | Path, *, cameras: Sequence[str] | None = None) -> dict[str, Any]:
-    """Read and check a COCO ground-truth file in the `simulate` format.
+def load_ground_truth(
+    path: str | Path, *, cameras: Sequence[str] | None = None, content: bytes | None = None
+) -> dict[str, Any]:
+    """Read and check a COCO ground-truth file in the `simulate` format (`content`: its
+    bytes, read elsewhere, `path` naming them in errors).
 
     Raises:
         ConfigError: missing, not JSON, missing COCO sections, or lacking a rig camera.
     """
     path = Path(path)
-    data = read_coco_json(path, SIMULATED_TRUTH)
+    data = read_coco_json(path, SIMULATED_TRUTH, content=content)
     if cameras is not None:
         gt_cameras = {str(im["camera"]) for im in data["images"]}
         missing = [c for c in cameras if c not in gt_cameras]

@@ -196,6 +196,24 @@ def batches_section(summary: dict[str, Any]) -> str:
     )
 
 
+def tracking_section(summary: dict[str, Any]) -> str:
+    """`--track`: tracks per camera and how long they lasted; the rig's objects."""
+    tracking = summary.get("tracking")
+    if not tracking:
+        return ""
+    rows = [
+        [name, fmt(c["tracks"]), fmt(c["lifetime_median_s"], 2), fmt(c["lifetime_max_s"], 2)]
+        for name, c in tracking["cameras"].items()
+    ]
+    rig = (
+        f"{fmt(tracking['rig_objects'])} objects across the rig (global ids)"
+        if tracking["placed"]
+        else "tracked per camera only: the rig has no geometry to place objects"
+    )
+    head = ["camera", "tracks", "lifetime median s", "lifetime max s"]
+    return f"<h2>Tracking</h2><p>{esc(rig)}</p>" + table(head, rows, left=1)
+
+
 def live_section(summary: dict[str, Any], origin_ns: int) -> str:
     """Live cameras: final state, reconnects, down time and the state changes."""
     cams = {n: c["live"] for n, c in summary["cameras"].items() if c.get("live")}
@@ -290,6 +308,7 @@ model <b>{esc(model.get("name"))}</b> &middot; device <b>{
 ({_pct(summary["deadline"]["miss_rate"])}).</p>
 {latency_table(summary)}
 {live_section(summary, tl.origin_ns)}
+{tracking_section(summary)}
 <p class="note">Latency is capture (the frame read from its source) to emission (boxes handed to
 the outputs). For a live camera, capture is when the frame arrived in this process, after the
 network and the decoder (time inside the camera and on the wire is not visible here); for a

@@ -262,6 +262,7 @@ def build_summary(
             ).as_dict(),
         },
         "load": load_summary(data.load, run.telemetry),
+        "tracking": run.tracking.to_json() if run.tracking is not None else None,
     }
 
 

@@ -40,10 +40,13 @@ if TYPE_CHECKING:
     from drivepercept.run.options import RunOptions as RunOptions
     from drivepercept.run.options import environment_settings as environment_settings
     from drivepercept.run.options import read_settings_file as read_settings_file
+    from drivepercept.run.options import rerun_target as rerun_target
+    from drivepercept.run.options import topics_setting as topics_setting
     from drivepercept.run.quantize import QuantizeResult as QuantizeResult
     from drivepercept.run.quantize import quantize_model as quantize_model
     from drivepercept.sinks.fanout import OnFailure as OnFailure
     from drivepercept.sinks.fanout import SinkPolicy as SinkPolicy
+    from drivepercept.sinks.rerun import RerunTarget as RerunTarget
 
 
 def _homes() -> dict[str, str]:

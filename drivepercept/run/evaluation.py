@@ -5,6 +5,14 @@ The labelled data is a synthetic clip, a MOTChallenge sequence or a COCO json wi
 readers, model set-up, precision, batching), with two settings that scoring needs: every frame
 (`block`), and a low score threshold by default (AP integrates over the whole precision-recall
 curve). Scoring itself is `drivepercept.eval.score_detections`.
+
+With `track`, the run tracks (`RunOptions(track=True)`) and its tracks are scored too
+(`drivepercept.eval.tracking`: HOTA, MOTA, IDF1 per camera and for the rig, the same-id
+share across cameras, the ego-position error). With `streaming`, the clip is replayed in real
+time (`Mode.REALTIME`: paced at its frame rate, the live drop policy) and each labelled frame
+is also scored against the newest output at its capture (`drivepercept.eval.streaming`);
+`forecast` moves those boxes on by their tracked velocities (it tracks, and implies
+streaming).
 """
 
 from __future__ import annotations
@@ -18,21 +26,33 @@ from typing import Any
 
 from drivepercept.errors import ConfigError
 from drivepercept.eval import EvalReport, EvalThresholds, score_detections
+from drivepercept.eval.report import StreamingScores, TrackingScores
+from drivepercept.eval.streaming import score_streaming
+from drivepercept.eval.tracking import score_tracking
 from drivepercept.run.groundtruth import GroundTruth, read_ground_truth
 from drivepercept.run.job import RunResult, run
-from drivepercept.run.options import PIPELINE_KEYS, ModelOptions, RunOptions
+from drivepercept.run.options import PIPELINE_KEYS, Mode, ModelOptions, RunOptions
 from drivepercept.rundir import RunDir, write_json
 from drivepercept.types import RunProgress
 
 
 @dataclass(frozen=True)
 class EvaluateResult:
-    report: EvalReport
+    report: EvalReport  # streaming: the offline AP of the frames the run emitted
     run: RunResult
+    tracking: TrackingScores | None = None
+    streaming: StreamingScores | None = None
 
     @property
     def eval_json(self) -> Path:
         return RunDir(self.run.run_dir).eval_json
+
+    def table(self) -> str:
+        """The printed tables: COCO, then tracking and streaming where they were scored."""
+        tables = [self.report.table()]
+        tables += [self.tracking.table()] if self.tracking is not None else []
+        tables += [self.streaming.table()] if self.streaming is not None else []
+        return "\n\n".join(tables)
 
 
 def evaluate_clip(
@@ -42,6 +62,9 @@ def evaluate_clip(
     settings: Mapping[str, Any] | None = None,
     thresholds: EvalThresholds | None = None,
     progress: Callable[[RunProgress], bool | None] | None = None,
+    track: bool = False,
+    streaming: bool = False,
+    forecast: bool = False,
 ) -> EvaluateResult | None:
     """Replay labelled data and score the detections against its labels.
 
@@ -56,18 +79,28 @@ def evaluate_clip(
             trt_cache, runtime, onnx_cache, out (runs/), name (eval-<date>-<time>) and the
             pipeline settings.
         thresholds: which labelled objects are too hidden or small to be targets.
+        track: track, and score the tracks (labels with track ids: a simulated clip's).
+        streaming: replay in real time (the live drop policy unless `settings` choose one)
+            and score streaming AP next to offline AP.
+        forecast: streaming, with each output forecast to the frame's capture time by its
+            tracked velocities (the run tracks; scored beside plain streaming).
 
     Returns None when the run was interrupted (nothing is scored).
 
     Raises:
         ConfigError: not labelled data, labels malformed or of other images, bad settings, an
-            image the pipeline could not read (frames would not match their labels).
+            image the pipeline could not read (frames would not match their labels), `track`
+            with labels that have no track ids (said before the run).
     """
+    streaming = streaming or forecast
     given = dict(settings or {})
     chosen = {"score_threshold": 0.05, **{k: v for k, v in given.items() if k in PIPELINE_KEYS}}
-    if (policy := chosen.setdefault("drop_policy", "block")) != "block":
+    # streaming runs as the road does (the mode's live policy); offline scores every frame
+    if not streaming and (policy := chosen.setdefault("drop_policy", "block")) != "block":
         raise ConfigError(f"eval scores every frame: drop_policy must be 'block', got {policy!r}")
     truth = read_ground_truth(clip, annotations=ground_truth)
+    if track and not all("track_id" in a for a in truth.coco["annotations"]):
+        raise ConfigError(f"eval --track needs labels with track ids ({truth.format} has none)")
     options = RunOptions(
         sources=truth.sources,  # a clip's rig file (its model the default), or image folders
         **ModelOptions.from_settings(given).run_fields(),
@@ -75,11 +108,25 @@ def evaluate_clip(
         out_root=Path(given.get("out", "runs")),
         name=given.get("name") or time.strftime("eval-%Y%m%d-%H%M%S"),
         command="eval",
+        mode=Mode.REALTIME if streaming else Mode.REPLAY,
+        track=track or forecast,
     )
     result = run(options, progress=progress)
     if result.stats.interrupted:
         return None
-    report = score_run(truth, result, thresholds=thresholds, limit=int(chosen.get("max_frames", 0)))
+    limit = int(chosen.get("max_frames", 0))
+    th = thresholds or EvalThresholds()
+    stream = None
+    if streaming:
+        _check_folders_read(truth, result, limit)
+        images = _scored_images(truth, limit)
+        stream = score_streaming(
+            truth.coco, result.detections(), forecast=forecast, thresholds=th, images=images
+        )
+        report = stream.offline
+    else:
+        report = score_run(truth, result, thresholds=th, limit=limit)
+    tracks = score_tracks(truth, result, thresholds=th, limit=limit) if track else None
     record = result.record
     write_json(
         RunDir(result.run_dir).eval_json,
@@ -94,9 +141,50 @@ def evaluate_clip(
             "run_dir": str(result.run_dir),
             "device": result.stats.device,
             "pipeline": dict(record.config) or dataclasses.asdict(options.pipeline()),
+            "mode": options.mode.value,
+            **({"tracking": tracks.to_json()} if tracks is not None else {}),
+            **({"streaming": stream.to_json()} if stream is not None else {}),
         },
     )
-    return EvaluateResult(report=report, run=result)
+    return EvaluateResult(report=report, run=result, tracking=tracks, streaming=stream)
+
+
+def score_tracks(
+    truth: GroundTruth,
+    result: RunResult,
+    *,
+    thresholds: EvalThresholds | None = None,
+    limit: int = 0,
+) -> TrackingScores:
+    """A tracked run's tracks and placed objects scored against labels with track ids (each
+    camera's mount from the rig, for the objects' range from it).
+
+    Raises:
+        ConfigError: labels without track ids, or a run that did not track.
+    """
+    mounts = {
+        c.name: (c.extrinsics.position_m[0], c.extrinsics.position_m[1])
+        for c in result.cameras
+        if c.extrinsics is not None
+    }
+    return score_tracking(
+        truth.coco,
+        result.detections(),
+        result.objects(),
+        mounts=mounts,
+        thresholds=thresholds,
+        images=_scored_images(truth, limit),
+    )
+
+
+def _scored_images(truth: GroundTruth, limit: int) -> list[tuple[str, int]]:
+    """(camera, frame_index) of every labelled frame of the replayed cameras (up to `limit`
+    a camera, 0: all)."""
+    return [
+        (str(im["camera"]), int(im["frame_index"]))
+        for im in truth.coco["images"]
+        if im["camera"] in truth.cameras and (not limit or int(im["frame_index"]) < limit)
+    ]
 
 
 def score_run(
@@ -117,16 +205,11 @@ def score_run(
         ConfigError: an image folder's reader skipped an image (frames would not match labels).
     """
     _check_folders_read(truth, result, limit)
-    wanted = [
-        (str(im["camera"]), int(im["frame_index"]))
-        for im in truth.coco["images"]
-        if im["camera"] in truth.cameras and (not limit or int(im["frame_index"]) < limit)
-    ]
     return score_detections(
         truth.coco,
         list(result.detections()),
         thresholds=thresholds or EvalThresholds(),
-        images=wanted,
+        images=_scored_images(truth, limit),
         by_camera=by_camera,
     )
 

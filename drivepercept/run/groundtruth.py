@@ -2,6 +2,8 @@
 
 * a folder with `seqinfo.ini`: a **MOTChallenge** sequence (`gt/gt.txt`, images in `img1/`);
 * a `rig.toml` or its folder: a **synthetic clip** (`ground_truth.json`, from `simulate`);
+* a `.mcap` file: a **synthetic drive** from `simulate --format mcap`, its cameras read from
+  its image topics, its labels from its `ground_truth.json` attachment;
 * a `.json` file: a **COCO** annotation file (any, the mmdetection3d KITTI and nuScenes
   `*.coco.json` too), images found below its folder (or below an image folder given as the
   source, the json as `annotations`) by their path, else their base name.
@@ -43,6 +45,7 @@ from drivepercept.eval import (
 from drivepercept.geometry import MAX_CAMERAS
 from drivepercept.rig import resolve_cameras, safe_name
 from drivepercept.sources.readers import IMAGE_SUFFIXES, image_files
+from drivepercept.sources.recordings import read_attachment, recording_cameras
 from drivepercept.types import DRIVING_CLASSES
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,8 @@ def read_ground_truth(source: str | Path, *, annotations: str | Path | None = No
     gt = Path(annotations) if annotations is not None else None
     if path.is_dir() and (path / "seqinfo.ini").is_file():
         return read_mot(path, gt_file=gt)
+    if path.suffix.lower() == ".mcap":
+        return read_recorded(path, ground_truth=gt)
     if path.suffix.lower() == ".toml" or (path.is_dir() and (path / "rig.toml").exists()):
         return read_synthetic(path, ground_truth=gt)
     if path.suffix.lower() == ".json" and path.is_file():
@@ -103,6 +108,35 @@ def read_synthetic(clip: Path, *, ground_truth: Path | None = None) -> GroundTru
     names = tuple(c.name for c in resolve_cameras([str(rig)]))
     truth = load_ground_truth(gt_path, cameras=names)
     return GroundTruth("synthetic", gt_path, (str(rig),), truth, names)
+
+
+def read_recorded(drive: Path, *, ground_truth: Path | None = None) -> GroundTruth:
+    """A `simulate --format mcap` drive: the MCAP itself is the pipeline's source (a camera
+    per image topic), scored against its `ground_truth.json` attachment (or `ground_truth`).
+
+    Raises:
+        ConfigError: no such file, no attachment (and no `ground_truth`), labels malformed, or
+            a camera of the recording that the labels lack.
+        SourceError: the file cannot be read as MCAP.
+    """
+    if not drive.is_file():
+        raise ConfigError(f"nothing to evaluate at {drive}: no such file")
+    names = tuple(c.name for c in recording_cameras(drive))
+    if ground_truth is not None:
+        truth = load_ground_truth(ground_truth, cameras=names)
+        return GroundTruth("synthetic", ground_truth, (str(drive),), truth, names)
+    content = read_attachment(drive, GROUND_TRUTH_FILE)
+    if content is None:
+        raise ConfigError(
+            f"{drive} has no ground truth attachment ({GROUND_TRUTH_FILE}, as `drivepercept "
+            "simulate --format mcap` writes): give its labels with --ground-truth"
+        )
+    where = f"{drive} ({GROUND_TRUTH_FILE} attachment)"
+    truth = load_ground_truth(where, cameras=names, content=content)
+    extra = sorted({str(im["camera"]) for im in truth["images"]} - set(names))
+    if extra:  # a drive cut down to some of its topics: the others are not scored
+        log.info("%s: cameras %s are labelled but not in the recording", drive, extra)
+    return GroundTruth("synthetic", drive, (str(drive),), truth, names)
 
 
 # --------------------------------------------------------------------------- MOTChallenge

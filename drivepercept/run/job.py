@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivepercept.engine.device import resolve_device
 from drivepercept.errors import one_line
@@ -27,9 +27,9 @@ from drivepercept.models.onnx import is_onnx
 from drivepercept.models.runtime import RuntimeRequest, choose_runtime, for_onnx_file
 from drivepercept.pipeline import Pipeline
 from drivepercept.report import ReportResult, write_report
-from drivepercept.rig import CameraConfig, resolve_cameras
+from drivepercept.rig import CameraConfig
 from drivepercept.run.options import Mode, RunOptions, default_onnx_cache
-from drivepercept.run.record import final_record, first_record
+from drivepercept.run.record import final_record, first_record, tracking_record
 from drivepercept.rundir import RunDir, RunRecord, make_run_dir
 from drivepercept.sinks import AnnotatedVideoSink, DetectionsJsonlSink, FrameTimingCsvSink
 from drivepercept.sinks.base import Sink
@@ -37,13 +37,17 @@ from drivepercept.sinks.display import DisplaySink
 from drivepercept.sinks.fanout import OnFailure, SinkPolicy, SinkSet
 from drivepercept.sinks.load import LoadCsvSink
 from drivepercept.sinks.metrics import MetricsExporter
-from drivepercept.sources.open import open_cameras
+from drivepercept.sinks.objects import ObjectsJsonlSink
+from drivepercept.sources.open import open_cameras, resolve_sources
 from drivepercept.sources.readers import FrameReader
 from drivepercept.telemetry.counters import CameraStats, RunStats
 from drivepercept.types import CameraSnapshot, CameraState, DropPolicy, Pacing, RunProgress
 
 # what `run` hands its progress callback, and what the callback may answer
 Progress = Callable[[RunProgress], bool | None]
+
+if TYPE_CHECKING:
+    from drivepercept.tracking.stage import RigTracker
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +119,20 @@ class RunResult:
 
     def detections(self) -> Iterator[dict[str, Any]]:
         """The run's detections.jsonl, one dict per camera frame, in emission order."""
-        with RunDir(self.run_dir).detections_jsonl.open(encoding="utf-8") as lines:
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)
+        yield from _lines(RunDir(self.run_dir).detections_jsonl)
+
+    def objects(self) -> Iterator[dict[str, Any]]:
+        """The run's objects.jsonl (`track`), one dict per rig time step; none without it."""
+        path = RunDir(self.run_dir).objects_jsonl
+        if path.exists():
+            yield from _lines(path)
+
+
+def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
 
 
 def _video_policy(mode: Mode) -> SinkPolicy:
@@ -126,6 +140,42 @@ def _video_policy(mode: Mode) -> SinkPolicy:
     # the oldest waiting frames instead of holding up detection
     when_full = DropPolicy.BLOCK if mode is Mode.REPLAY else DropPolicy.DROP_OLDEST
     return SinkPolicy(slow=True, when_full=when_full)
+
+
+def _tracker(cams: Sequence[CameraConfig]) -> RigTracker:
+    from drivepercept.tracking.stage import RigTracker  # scipy, only when tracking
+
+    return RigTracker(cams)
+
+
+def _add_viewer_sinks(
+    options: RunOptions, cams: Sequence[CameraConfig], pipeline: Pipeline, sink_set: SinkSet
+) -> Sink | None:
+    """--mcap (a file for Foxglove; every frame in replay, as the video) and --rerun (a
+    viewer that may be slow: it never holds up the engine, frames are dropped for it). The
+    Rerun sink is returned: the job closes it again after the others, since a viewer that
+    hangs keeps its thread past `SinkSet.close` (its own close gives up after a bound)."""
+    if options.mcap is not None:
+        from drivepercept.sinks.mcap import McapSink
+
+        mcap = McapSink(
+            options.mcap,
+            cameras=cams,
+            images=options.mcap_images,
+            ros2=any(c.topic is not None for c in cams),
+        )
+        sink_set.add(mcap, _video_policy(options.mode), name="mcap")
+        pipeline.add_load_sink(mcap.load_sink)
+    if options.rerun is not None:
+        from drivepercept.sinks.rerun import RerunSink
+
+        viewer = RerunSink(options.rerun, cameras=[c.name for c in cams])
+        sink_set.add(viewer, SinkPolicy(slow=True, queue_batches=2), name="rerun")
+        pipeline.add_load_sink(viewer.load_sink)
+        if viewer.viewer_url:
+            log.warning("Rerun web viewer: %s", viewer.viewer_url)
+        return viewer
+    return None
 
 
 def load_model(options: RunOptions) -> Detector:
@@ -193,7 +243,7 @@ def run(
         DrivePerceptError: bad input (one clear line), or a failed stage (`PipelineError`).
     """
     pacing = options.mode.pacing
-    cams = resolve_cameras(options.sources, live=pacing is Pacing.LIVE)
+    cams = resolve_sources(options.sources, live=pacing is Pacing.LIVE, topics=options.topics)
     config = options.pipeline()
     resolve_device(config.device)  # a missing GPU is said before any model is loaded
     capture_stop = threading.Event()
@@ -202,15 +252,21 @@ def run(
     sink_set = SinkSet()
     exporter: MetricsExporter | None = None
     pipeline: Pipeline | None = None
+    viewer: Sink | None = None
     try:
         det = detector or load_model(options)
+        tracker = _tracker(cams) if options.track else None
         pipeline = Pipeline(
             cameras=list(zip(names, readers, strict=True)),
             detector=det,
             config=config,
             sinks=sink_set,
-            keep_original=options.save_video or options.show,
+            keep_original=options.save_video
+            or options.show
+            or options.mcap_images
+            or options.rerun is not None,
             capture_stop=capture_stop,
+            stage=tracker,
         )
         if options.metrics_port is not None:
             exporter = MetricsExporter(
@@ -218,9 +274,14 @@ def run(
             )
             sink_set.add(exporter.frames_sink, name="metrics")
             pipeline.add_load_sink(exporter.load_sink)
+        viewer = _add_viewer_sinks(options, cams, pipeline, sink_set)  # bad path: no folder
         run_dir = make_run_dir(options.out_root, options.name, prefix=options.mode.value)
         sink_set.add(DetectionsJsonlSink(run_dir.detections_jsonl), ESSENTIAL, name="detections")
         sink_set.add(FrameTimingCsvSink(run_dir.frames_csv), ESSENTIAL, name="frames")
+        if tracker is not None and tracker.fusion.placing:
+            objects = ObjectsJsonlSink(run_dir.objects_jsonl)
+            sink_set.add(objects, ESSENTIAL, name="objects")
+            tracker.on_step = objects.write_step
         if config.sample_hz > 0:
             pipeline.add_load_sink(LoadCsvSink(run_dir.load_csv))
         if options.show:
@@ -243,12 +304,16 @@ def run(
             sink_set.close()
         if exporter is not None:
             exporter.close()
+        if viewer is not None:
+            viewer.close()
         raise
     try:
-        return _run(options, pipeline, det, run_dir, cams, readers, progress)
+        return _run(options, pipeline, det, run_dir, cams, readers, progress, tracker)
     finally:
         if exporter is not None:
             exporter.close()
+        if viewer is not None:
+            viewer.close()
 
 
 def _run(
@@ -259,6 +324,7 @@ def _run(
     cams: tuple[CameraConfig, ...],
     readers: Sequence[FrameReader],
     progress: Progress | None,
+    tracker: RigTracker | None = None,
 ) -> RunResult:
     try:
         record = first_record(options, detector, pipeline.describe(), cams, readers)
@@ -277,7 +343,15 @@ def _run(
         stats = pipeline.stats(interrupted=stopped)
         described, snapshots = pipeline.describe(), pipeline.cameras()
         record = final_record(
-            record, described, snapshots, cams, readers, stats, status=status, error=why
+            record,
+            described,
+            snapshots,
+            cams,
+            readers,
+            stats,
+            status=status,
+            error=why,
+            tracking=tracking_record(tracker),
         )
         try:
             with interrupts_deferred():
@@ -301,7 +375,15 @@ def _run(
         status = "failed"
         error = "no camera delivered a frame: " + "; ".join(_why(s) for s in snapshots)
     record = final_record(
-        record, pipeline.describe(), snapshots, cams, readers, stats, status=status, error=error
+        record,
+        pipeline.describe(),
+        snapshots,
+        cams,
+        readers,
+        stats,
+        status=status,
+        error=error,
+        tracking=tracking_record(tracker),
     )
     with interrupts_deferred():  # a Ctrl-C now takes effect once the files are whole
         run_dir.write_record(record)

@@ -16,6 +16,7 @@ from drivepercept.errors import ConfigError
 from drivepercept.geometry import parse_input_size
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml, rig_model
+from drivepercept.sinks.rerun import RerunTarget
 from drivepercept.types import CLASS_CHOICES, RUNTIMES, Pacing
 
 # The real-road default: a pretrained COCO detector (its official weights are downloaded once).
@@ -29,6 +30,7 @@ ONNX_KEYS = ("onnx_layout", "onnx_batch", "trt_cache")
 RUN_KEYS = frozenset(
     {"model", "weights", "classes", "input_size", "out", "name", "save_video", "mosaic"}
     | {"budget_ms", "weights_dir", "weights_mirror", *ONNX_KEYS, "runtime", "onnx_cache"}
+    | {"topics", "mcap", "mcap_images", "track"}
 )
 # settings a front end takes from the environment (`environment_settings`)
 ENVIRONMENT = {
@@ -64,11 +66,12 @@ _TYPES: dict[str, _Kind] = dict(SETTING_KINDS)
 _KINDS: dict[str, _Kind] = {
     **{f.name: _TYPES[getattr(f.type, "__name__", str(f.type))] for f in _PIPELINE_FIELDS},
     **dict.fromkeys(RUN_KEYS, _TYPES["str"]),
-    **dict.fromkeys(("save_video", "mosaic"), _TYPES["bool"]),
+    **dict.fromkeys(("save_video", "mosaic", "mcap_images", "track"), _TYPES["bool"]),
     "budget_ms": _TYPES["float"],
     "input_size": ("WIDTHxHEIGHT or [width, height]", (str, list)),
     "report": ("a string or a list of strings", (str, list)),
     "sources": ("a list of strings", list),
+    "topics": ("a list of strings", list),
 }
 
 
@@ -76,7 +79,7 @@ def check_types(settings: Mapping[str, Any], *, where: str) -> None:
     """ConfigError naming the first key of `settings` whose value has the wrong type."""
     for key, value in settings.items():
         what, kind = _KINDS.get(key, ("", object))
-        items = value if isinstance(value, list) and key in ("report", "sources") else []
+        items = value if isinstance(value, list) and key in ("report", "sources", "topics") else []
         bad_bool = isinstance(value, bool) and kind is not bool
         if not isinstance(value, kind) or bad_bool or not all(isinstance(i, str) for i in items):
             raise ConfigError(f"{where}{key} must be {what}, got {value!r}")
@@ -219,6 +222,13 @@ class RunOptions(ModelOptions):
             them up after the run.
         show: a live window (only where there is a display).
         command: what run.json says ran (default: the mode's command).
+        topics: the image topics of a recorded drive (bag, MCAP) to read, in camera order
+            (empty: every image topic).
+        mcap: also write the results as an MCAP file for Foxglove (mcap_images: with the
+            camera images).
+        rerun: stream to a Rerun viewer (`RerunTarget`: spawned, connected to, or saved).
+        track: track objects per camera and, where the rig has geometry, across cameras
+            (`drivepercept.tracking`): ids in detections.jsonl, objects in objects.jsonl.
     """
 
     sources: tuple[str, ...]
@@ -236,6 +246,11 @@ class RunOptions(ModelOptions):
     metrics_linger_s: float = 0.0
     show: bool = False
     command: str | None = None
+    topics: tuple[str, ...] = ()
+    mcap: Path | None = None
+    mcap_images: bool = False
+    rerun: RerunTarget | None = None
+    track: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -247,7 +262,10 @@ class RunOptions(ModelOptions):
         if not self.sources:
             raise ConfigError("give at least one source: a rig.toml, a video, a folder or a URL")
         if self.model is None:
-            object.__setattr__(self, "model", rig_model(self.sources) or DEFAULT_MODEL)
+            from drivepercept.sources.recordings import simulated_model  # reads the file
+
+            model = rig_model(self.sources) or simulated_model(self.sources) or DEFAULT_MODEL
+            object.__setattr__(self, "model", model)
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError(f"model must be a model name, got {self.model!r}")
         if self.classes not in CLASS_CHOICES:
@@ -278,6 +296,11 @@ class RunOptions(ModelOptions):
             raise ConfigError(f"duration must be > 0 s, got {self.duration_s:g}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be 0..65535, got {self.metrics_port}")
+        object.__setattr__(self, "topics", tuple(str(t) for t in self.topics))
+        if self.mcap is not None:
+            object.__setattr__(self, "mcap", Path(self.mcap))
+        elif self.mcap_images:
+            raise ConfigError("--mcap-images adds the images to an MCAP file: give --mcap FILE")
         if not (math.isfinite(self.metrics_linger_s) and self.metrics_linger_s >= 0):
             raise ConfigError(f"metrics linger must be >= 0 s, got {self.metrics_linger_s:g}")
         if not (math.isfinite(self.budget_ms) and self.budget_ms > 0):
@@ -313,3 +336,29 @@ class RunOptions(ModelOptions):
             return PipelineConfig(**chosen)
         except TypeError as exc:
             raise ConfigError(f"bad pipeline setting: {exc}") from None
+
+
+def topics_setting(value: str | list[str] | None) -> tuple[str, ...]:
+    """`--topics a,b` (or a settings file's list) as topic names, in order."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(t.strip() for t in items if t.strip())
+
+
+def rerun_target(
+    spawn: bool | None, connect: str | None, save: Path | None, serve: bool | None = None
+) -> RerunTarget | None:
+    """Where `--rerun` (spawn a viewer), `--rerun-connect URL`, `--rerun-save FILE` or
+    `--rerun-serve` (a web viewer) send the recording; at most one (ConfigError otherwise)."""
+    flags = (("--rerun", spawn), ("--rerun-connect", connect), ("--rerun-save", save))
+    given = [flag for flag, value in (*flags, ("--rerun-serve", serve)) if value]
+    if len(given) > 1:
+        raise ConfigError(f"give one of the --rerun flags, got {' and '.join(given)}")
+    if serve:
+        return RerunTarget(kind="serve")
+    if connect:
+        return RerunTarget(kind="connect", address=connect, path=None)
+    if save is not None:
+        return RerunTarget(kind="save", address=None, path=Path(save))
+    return RerunTarget(kind="spawn", address=None, path=None) if spawn else None

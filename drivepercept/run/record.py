@@ -33,7 +33,7 @@ import math
 import platform
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -48,6 +48,7 @@ from drivepercept.run.options import Mode, RunOptions
 from drivepercept.rundir import RunRecord, redact
 from drivepercept.rundir.sections import (
     CameraSummaryRecord,
+    CameraTracksRecord,
     LiveCameraRecord,
     ModelRecord,
     SinkRecord,
@@ -55,11 +56,15 @@ from drivepercept.rundir.sections import (
     StateChangeRecord,
     SummaryRecord,
     TelemetryRecord,
+    TrackingRecord,
     WarmupRecord,
 )
 from drivepercept.sources.readers import FrameReader
 from drivepercept.telemetry.counters import RunStats
 from drivepercept.types import CameraSnapshot, Pacing, PipelineDescription
+
+if TYPE_CHECKING:
+    from drivepercept.tracking.stage import RigTracker
 
 
 def environment(device: str, *, threads: int | None = None, lanes: int = 1) -> dict[str, Any]:
@@ -134,6 +139,7 @@ def sources_record(
             height=r.info.height,
             fps=r.info.fps,
             frame_count=r.info.frame_count,
+            topic=c.topic,
         )
         for c, r in zip(cams, readers, strict=True)
     )
@@ -237,3 +243,22 @@ def _telemetry(described: PipelineDescription) -> TelemetryRecord | None:
     """The sampler's findings (None without a sampler)."""
     found = described.telemetry
     return TelemetryRecord.from_json(found) if found is not None else None
+
+
+def tracking_record(tracker: RigTracker | None) -> TrackingRecord | None:
+    """What tracking did (`--track`): tracks per camera and their lifetimes, rig objects."""
+    if tracker is None:
+        return None
+    summary = tracker.summary()
+    return TrackingRecord(
+        cameras={
+            name: CameraTracksRecord(
+                tracks=c.tracks,
+                lifetime_median_s=c.lifetime_median_s,
+                lifetime_max_s=c.lifetime_max_s,
+            )
+            for name, c in summary.cameras.items()
+        },
+        rig_objects=summary.rig_objects,
+        placed=summary.placed,
+    )

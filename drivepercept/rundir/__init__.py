@@ -40,6 +40,7 @@ class RunDir:
 
     RUN_JSON = "run.json"
     DETECTIONS_JSONL = "detections.jsonl"
+    OBJECTS_JSONL = "objects.jsonl"  # the rig's tracked objects (`--track`)
     FRAMES_CSV = "frames.csv"
     LOAD_CSV = "load.csv"
     SUMMARY_JSON = "summary.json"
@@ -57,6 +58,11 @@ class RunDir:
     @property
     def detections_jsonl(self) -> Path:
         return self.path / self.DETECTIONS_JSONL
+
+    @property
+    def objects_jsonl(self) -> Path:
+        """The rig's tracked objects, one line per rig time step (`--track`)."""
+        return self.path / self.OBJECTS_JSONL
 
     @property
     def frames_csv(self) -> Path:

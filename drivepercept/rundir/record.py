@@ -14,6 +14,7 @@ from drivepercept.rundir.sections import (
     SourceRecord,
     SummaryRecord,
     TelemetryRecord,
+    TrackingRecord,
     dump,
     load_value,
 )
@@ -36,6 +37,7 @@ _SECTIONS: dict[str, type | tuple[type, ...]] = {
     "live": dict,
     "reconnect": dict,
     "sinks": dict,
+    "tracking": dict,
     "status": str,
     "command": str,
     "mode": str,
@@ -45,7 +47,7 @@ _SECTIONS: dict[str, type | tuple[type, ...]] = {
     "schema_version": int,
 }
 # older readers expect these keys only when they apply
-_ONLY_WHEN_SET = ("live", "reconnect", "duration_s", "sinks", "error")
+_ONLY_WHEN_SET = ("live", "reconnect", "duration_s", "sinks", "error", "tracking")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class RunRecord:
     reconnect: JsonObject | None = None
     duration_s: float | None = None
     sinks: dict[str, SinkRecord] | None = None
+    tracking: TrackingRecord | None = None
     schema_version: int = RUN_SCHEMA_VERSION
 
     def to_json(self) -> JsonObject:
@@ -112,7 +115,7 @@ class RunRecord:
                 continue
             values[key] = value
         hints = _hints(RunRecord)
-        for key in ("model", "telemetry", "summary", "sources", "live", "sinks"):
+        for key in ("model", "telemetry", "summary", "sources", "live", "sinks", "tracking"):
             if key in values:  # of the right JSON type: what does not fit inside is dropped
                 values[key] = load_value(hints[key], values[key], problems)[1]
         if "duration_s" in values:

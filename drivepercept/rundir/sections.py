@@ -133,6 +133,7 @@ class SourceRecord(Section):
     height: int = 0
     fps: float = 0.0
     frame_count: int = -1
+    topic: str | None = None  # the image topic read, for a recorded drive (bag, MCAP)
 
 
 @dataclass(frozen=True)
@@ -215,3 +216,20 @@ class SinkRecord(Section):
     frames_dropped: int = 0
     queue_high_water: int = 0
     failed: str | None = None
+
+
+@dataclass(frozen=True)
+class CameraTracksRecord(Section):
+    tracks: int = 0  # tracks confirmed in this camera over the run
+    lifetime_median_s: float = 0.0
+    lifetime_max_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrackingRecord(Section):
+    """`--track`: per camera its tracks and their lifetimes; the rig's objects (global ids
+    made), and whether the rig's geometry placed them (else per camera only)."""
+
+    cameras: dict[str, CameraTracksRecord] = field(default_factory=dict)
+    rig_objects: int = 0
+    placed: bool = False

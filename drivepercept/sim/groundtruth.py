@@ -50,10 +50,19 @@ class GroundTruthWriter:
     Not thread-safe: one writer, one thread.
     """
 
-    def __init__(self, path: Path, *, info: Mapping[str, Any], cameras: Sequence[str]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        info: Mapping[str, Any],
+        cameras: Sequence[str],
+        file_names: Sequence[str] | None = None,
+    ) -> None:
         self.path = path
         self._info = dict(info)
         self._cameras = tuple(cameras)
+        # each image's `file_name`: its camera's file (default `<camera>.mp4`)
+        self._files = tuple(file_names or (f"{c}.mp4" for c in self._cameras))
         self._frames = 0
         self._image_id = 0
         self._ann_id = 0
@@ -81,11 +90,11 @@ class GroundTruthWriter:
         boxes: Sequence[Sequence[GroundTruthBox]],
     ) -> None:
         """Record one instant: `boxes[i]` are camera i's boxes."""
-        for cam, cam_boxes in zip(self._cameras, boxes, strict=True):
+        for cam, file_name, cam_boxes in zip(self._cameras, self._files, boxes, strict=True):
             self._image_id += 1
             image = {
                 "id": self._image_id,
-                "file_name": f"{cam}.mp4",
+                "file_name": file_name,
                 "camera": cam,
                 "frame_index": frame_index,
                 "timestamp_s": round(timestamp_s, 6),

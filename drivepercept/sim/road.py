@@ -68,6 +68,13 @@ class Road:
                 kappa = (1.0 if rng.random() < 0.5 else -1.0) / radius
                 curvature[(s >= start) & (s < start + length)] = kappa
             start += length
+        return cls.from_curvature(s, curvature)
+
+    @classmethod
+    def from_curvature(cls, s_m: FloatArray, curvature_per_m: FloatArray) -> Road:
+        """The centre line whose curvature (1 / radius, positive turning left) at each of the
+        samples `s_m` (1 m apart) is given; the world origin and heading 0 lie at s = 0."""
+        s, curvature, step = s_m, curvature_per_m, 1.0
         heading = np.concatenate([[0.0], np.cumsum(curvature[:-1] * step)])
         mid_heading = heading + 0.5 * curvature * step
         dx = np.cos(mid_heading) * step
@@ -77,6 +84,11 @@ class Road:
         # Put the world origin where s = 0 lies.
         i0 = int(np.argmin(np.abs(s)))
         return cls(s_m=s, x_m=x - x[i0], y_m=y - y[i0], heading_rad=heading - heading[i0])
+
+    def curvature_per_m(self, s_m: FloatArray | float) -> FloatArray:
+        """Curvature of the centre line (1 / radius, positive turning left) at `s_m`."""
+        kappa = np.gradient(self.heading_rad, self.s_m)
+        return np.asarray(np.interp(s_m, self.s_m, kappa), dtype=np.float64)
 
     @classmethod
     def straight(cls, *, s_min_m: float = -500.0, s_max_m: float = 500.0) -> Road:

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from drivepercept.errors import ConfigError
 from drivepercept.sim import road as rd
 from drivepercept.sim.camera import Pose2D
+from drivepercept.sim.config import PRESETS
 from drivepercept.sim.models import (
     Category,
     Solid,
@@ -223,6 +225,7 @@ class _Builder:
     rng: np.random.Generator
     duration_s: float
     ego_speed: float
+    reach_m: float = VIEW_RANGE_M + 20.0  # how far from the ego traffic is spawned
     actors: list[Actor] = field(default_factory=list)
     scenery: list[Actor] = field(default_factory=list)
     # (s, d0, speed_d, t_start, duration) of each crossing pedestrian
@@ -234,7 +237,7 @@ class _Builder:
     def spawn_range(self, speed: float) -> tuple[float, float]:
         """s0 range from which an actor at `speed` is near the ego at some time of the clip."""
         rel = speed - self.ego_speed
-        reach = VIEW_RANGE_M + 20.0
+        reach = self.reach_m
         lo = -reach - max(0.0, rel) * self.duration_s
         hi = reach + max(0.0, -rel) * self.duration_s
         return lo, hi
@@ -269,10 +272,12 @@ class _Builder:
         gap: tuple[float, float],
         mix: tuple[float, float, float],
         keep_clear: tuple[float, float] | None,
+        s_range: tuple[float, float] | None = None,
     ) -> None:
-        """Vehicles along one lane, all at one speed (so they never collide)."""
+        """Vehicles along one lane, all at one speed (so they never collide), starting at s in
+        `s_range` (default: wherever they come within `reach_m` of the ego during the clip)."""
         v = direction * speed
-        lo, hi = self.spawn_range(v)
+        lo, hi = self.spawn_range(v) if s_range is None else s_range
         s = lo + float(self.rng.uniform(0.0, gap[1]))
         yaw = 0.0 if direction > 0 else math.pi
         while s < hi:
@@ -286,7 +291,9 @@ class _Builder:
                 self.add(cat, solid, Motion(s0_m=s, d0_m=d, speed_s_mps=v, yaw_rad=yaw))
             s += length / 2 + float(self.rng.uniform(*gap))
 
-    def cyclists(self, *, d: float, speed: float, direction: int) -> None:
+    def cyclists(
+        self, *, d: float, speed: float, direction: int, gap: tuple[float, float] = (40.0, 160.0)
+    ) -> None:
         v = direction * speed
         lo, hi = self.spawn_range(v)
         s = lo + float(self.rng.uniform(0.0, 120.0))
@@ -299,9 +306,16 @@ class _Builder:
                         s0_m=s, d0_m=d, speed_s_mps=v, yaw_rad=0.0 if direction > 0 else math.pi
                     ),
                 )
-            s += float(self.rng.uniform(40.0, 160.0))
+            s += float(self.rng.uniform(*gap))
 
-    def walkers(self, *, d_range: tuple[float, float], s_lo: float, s_hi: float) -> None:
+    def walkers(
+        self,
+        *,
+        d_range: tuple[float, float],
+        s_lo: float,
+        s_hi: float,
+        gap: tuple[float, float] = (8.0, 35.0),
+    ) -> None:
         """Pedestrians walking along (or standing on) a sidewalk."""
         s = s_lo + float(self.rng.uniform(0.0, 20.0))
         while s < s_hi:
@@ -318,16 +332,16 @@ class _Builder:
                 make_pedestrian(self.rng),
                 Motion(s0_m=s, d0_m=d, speed_s_mps=direction * speed, yaw_rad=yaw),
             )
-            s += float(self.rng.uniform(8.0, 35.0))
+            s += float(self.rng.uniform(*gap))
 
-    def crossing(self, s_c: float) -> None:
-        """A crosswalk: lights on both sides and up to three pedestrians who cross."""
+    def crossing(self, s_c: float, *, walkers: int = 3) -> None:
+        """A crosswalk: lights on both sides and up to `walkers` pedestrians who cross."""
         ego_arrival = s_c / self.ego_speed
         right_d = rd.RIGHT_SIDEWALK_D[1] + 0.3
         left_d = rd.LEFT_SIDEWALK_D[0] - 0.3
         ego_d = rd.forward_lane_d(_EGO_LANE)
         zone = (ego_d - 2.6, ego_d + 2.6)
-        for _ in range(int(self.rng.integers(0, 4))):
+        for _ in range(int(self.rng.integers(0, walkers + 1))):
             from_left = self.rng.random() < 0.5
             d0, d1 = (left_d + 1.5, right_d - 1.5) if from_left else (right_d - 1.5, left_d + 1.5)
             d0 += float(self.rng.uniform(-0.8, 0.8))
@@ -367,7 +381,13 @@ class _Builder:
                 light_offset_s=offset,
             )
 
-    def signs(self, s_lo: float, s_hi: float, crosswalks: list[float]) -> None:
+    def signs(
+        self,
+        s_lo: float,
+        s_hi: float,
+        crosswalks: list[float],
+        gap: tuple[float, float] = (50.0, 180.0),
+    ) -> None:
         s = s_lo + float(self.rng.uniform(0.0, 80.0))
         while s < s_hi:
             if all(abs(s - c) > 8.0 for c in crosswalks):
@@ -378,7 +398,7 @@ class _Builder:
                     make_traffic_sign(self.rng),
                     Motion(s0_m=s, d0_m=d, yaw_rad=math.pi if right else 0.0),
                 )
-            s += float(self.rng.uniform(50.0, 180.0))
+            s += float(self.rng.uniform(*gap))
 
     def buildings(self, s_lo: float, s_hi: float) -> None:
         for side in (-1, 1):
@@ -410,11 +430,19 @@ class _Builder:
                     s += float(self.rng.uniform(12.0, 25.0))
 
 
-def generate_world(seed: int, *, duration_s: float) -> World:
+def generate_world(seed: int, *, duration_s: float, preset: str = "default") -> World:
     """A random world for a clip of `duration_s` seconds starting at t = 0.
 
-    The same seed and duration always give the same world.
+    The same seed, duration and preset always give the same world. `preset` "default" is a
+    straight-ish multi-lane road; "crossing" (`drivepercept.sim.crossing`) is a drive through
+    sharp bends among close overtaking traffic, so objects cross from camera to camera.
     """
+    if preset == "crossing":
+        from drivepercept.sim.crossing import generate_crossing_world  # (it builds on this module)
+
+        return generate_crossing_world(seed, duration_s=duration_s)
+    if preset != "default":
+        raise ConfigError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     rng = np.random.default_rng(seed)
     lighting = random_lighting(rng)
     ego_speed = float(rng.uniform(9.0, 14.0))

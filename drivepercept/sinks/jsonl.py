@@ -8,7 +8,9 @@ A line looks like (wrapped here)::
      "labels":[2],"class_names":["car"]}
 
 Boxes are xyxy in original-frame pixels (2 decimals), scores have 4 decimals, `class_names`
-holds the name of each box. The file is strict JSON: a non-finite number is written as null.
+holds the name of each box. A frame of a recorded drive (ROS bag, MCAP) also has `stamp_ns`,
+its header stamp exactly (its `pts_s` is the same time in seconds). The file is strict JSON:
+a non-finite number is written as null.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy.typing as npt
 
 from drivepercept.sinks._lines import LineFile
 from drivepercept.sinks.base import ClosingSink
-from drivepercept.types import FrameResult
+from drivepercept.types import Detections, FrameResult
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +47,13 @@ def frame_record(result: FrameResult) -> dict[str, Any]:
     """The JSON object written for one camera frame (see the module docstring)."""
     det = result.detections
     timing = result.timing
+    stamp = {} if result.meta.stamp_ns is None else {"stamp_ns": result.meta.stamp_ns}
     return {
         "camera": result.camera,
         "camera_index": result.camera_index,
         "frame_index": result.frame_index,
         "pts_s": result.pts_s if math.isfinite(result.pts_s) else None,
+        **stamp,
         "batch_index": result.batch_index,
         "batch_size": result.batch_size,
         "timestamps": {
@@ -61,7 +65,22 @@ def frame_record(result: FrameResult) -> dict[str, Any]:
         "scores": _rounded(det.scores, 4),
         "labels": [int(v) for v in det.labels.tolist()],
         "class_names": det.names,
+        **_identities(det),
     }
+
+
+def _identities(det: Detections) -> dict[str, Any]:
+    """What tracking added (`drivepercept.tracking`): per box its track in its camera
+    (`track_ids`, -1: none), its motion in pixels per second (`velocities`, d(xyxy)/dt, 1
+    decimal; null where unknown) and its object across the rig (`global_ids`, -1: none)."""
+    out: dict[str, Any] = {}
+    if det.track_ids is not None:
+        out["track_ids"] = [int(v) for v in det.track_ids.tolist()]
+    if det.velocities is not None:
+        out["velocities"] = _rounded(det.velocities.reshape(-1, 4), 1)
+    if det.global_ids is not None:
+        out["global_ids"] = [int(v) for v in det.global_ids.tolist()]
+    return out
 
 
 class DetectionsJsonlSink(ClosingSink):

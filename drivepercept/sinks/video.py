@@ -72,6 +72,17 @@ def _check_image(image_bgr: ImageU8) -> None:
         )
 
 
+def _ids(detections: Detections) -> list[str]:
+    """Each box's identity beside its class: " #12" (its object across the rig, where fusion
+    placed it), " c5" (its track in its camera), or nothing (untracked)."""
+    n = len(detections)
+    tracks = detections.track_ids.tolist() if detections.track_ids is not None else [-1] * n
+    rig = detections.global_ids.tolist() if detections.global_ids is not None else [-1] * n
+    return [
+        f" #{g}" if g >= 0 else f" c{t}" if t >= 0 else "" for g, t in zip(rig, tracks, strict=True)
+    ]
+
+
 def _label_box(
     image: ImageU8,
     text: str,
@@ -114,11 +125,13 @@ def draw_detections(image_bgr: ImageU8, detections: Detections, *, header: str =
     text_thickness = 1 if scale < 0.8 else 2
     line_thickness = max(1, round(height / 360.0))
     boxes = detections.xyxy.reshape(-1, 4).astype(np.float64)
-    for (x1, y1, x2, y2), score, label, name in zip(
+    ids = _ids(detections)
+    for (x1, y1, x2, y2), score, label, name, ident in zip(
         boxes.tolist(),
         detections.scores.tolist(),
         detections.labels.tolist(),
         detections.names,
+        ids,
         strict=True,
     ):
         if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
@@ -132,7 +145,7 @@ def draw_detections(image_bgr: ImageU8, detections: Detections, *, header: str =
         cv2.rectangle(out, (left, top), (right, bottom), color, line_thickness)
         _label_box(
             out,
-            f"{name} {score:.2f}",
+            f"{name}{ident} {score:.2f}",
             (left, top),
             color=color,
             scale=scale,

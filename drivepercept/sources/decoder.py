@@ -25,7 +25,7 @@ from typing import Protocol
 
 from drivepercept.errors import one_line, redact
 from drivepercept.sources.prepare import prepare, prepare_into
-from drivepercept.sources.readers import FrameReader, RawFrame
+from drivepercept.sources.readers import CorruptFrameError, FrameReader, RawFrame
 from drivepercept.types import Frame, FrameMeta, ImageU8, InputSpec, QueuedFrame
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class DeferredFrame:
             camera_index=self.camera_index,
             frame_index=self.frame_index,
             pts_s=self.raw.pts_s,
+            stamp_ns=self.raw.stamp_ns,
             capture_ns=self.capture_ns,
             decoded_ns=self.read_ns,
             preprocessed_ns=self.read_ns,
@@ -142,6 +143,7 @@ class DecoderThread:
         self.frames_read = 0
         self.short_by = 0  # frames announced by the container but not decodable
         self.undecodable = 0  # frames skipped in the middle because they did not decode
+        self.corrupt = 0  # of them, frames read whole that did not decode (a corrupt JPEG)
         self.error: BaseException | None = None  # what ended it, if it failed
         self.thread = threading.Thread(target=self._run, name=f"decode-{camera}", daemon=True)
 
@@ -167,6 +169,7 @@ class DecoderThread:
             camera_index=self.camera_index,
             frame_index=self.frames_read,
             pts_s=got.pts_s,
+            stamp_ns=got.stamp_ns,
             capture_ns=min(got.arrived_ns, decoded_ns),
             decoded_ns=decoded_ns,
             preprocessed_ns=time.monotonic_ns(),
@@ -196,7 +199,7 @@ class DecoderThread:
                 if self.max_frames and self.frames_read >= self.max_frames:
                     break
                 got = self.reader.read()
-                self.undecodable = int(getattr(self.reader, "undecodable", 0))
+                self.undecodable = int(getattr(self.reader, "undecodable", 0)) + self.corrupt
                 if got is None:
                     expected = self.reader.info.frame_count
                     # a source stopped on purpose (duration, Ctrl-C) is not short
@@ -211,7 +214,13 @@ class DecoderThread:
                             expected,
                         )
                     break
-                frame = self._deferred(got) if self.defer else self._prepared(got)
+                try:
+                    frame = self._deferred(got) if self.defer else self._prepared(got)
+                except CorruptFrameError as exc:  # this frame alone: skipped and counted
+                    self.corrupt += 1
+                    self.undecodable += 1
+                    log.warning("camera %s: frame skipped: %s", self.camera, exc)
+                    continue
                 if not self.queues.put(self.camera_index, frame, stop=self.stop):
                     break
                 self.frames_read += 1

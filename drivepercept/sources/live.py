@@ -49,6 +49,26 @@ STABLE_S = 5.0
 _STOP_POLL_S = 0.05  # how often a connection attempt in progress looks at the stop event
 
 
+class PaceClock:
+    """One time origin for every camera of a real-time replay: the first frame any camera
+    reads falls due now, and every frame of every camera falls due at the origin plus its
+    time since that first frame (its recorded stamp, else its pts). Cameras of one recording
+    then play in step, paired by real time, however their first frames are stamped.
+    Thread-safe: each camera's decoder thread asks it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._origin: tuple[int, int] | None = None  # (monotonic ns, frame time ns)
+
+    def due_ns(self, frame_ns: int, now_ns: int) -> int:
+        """When a frame whose own time is `frame_ns` falls due on the monotonic clock."""
+        with self._lock:
+            if self._origin is None:
+                self._origin = (now_ns, frame_ns)
+            mono, first = self._origin
+        return mono + (frame_ns - first)
+
+
 class LiveSource:
     """A camera that reconnects (see the module docstring). Thread use: `read()` and `close()`
     on the camera's decoder thread; `state`, `changes()` and `downtime_s()` from any thread.
@@ -59,7 +79,9 @@ class LiveSource:
         policy: backoff and timeouts.
         stop: set to end the camera (it also interrupts a backoff wait).
         realtime: pace a file source at its native frame rate (for real-time replay).
-        opener: makes one connection attempt (tests pass a stand-in).
+        opener: makes one connection attempt (tests pass a stand-in; a recording's topic
+            reader for a camera of a bag).
+        clock: the rig's shared pace (real-time replay); by default the camera's own.
 
     Raises:
         SourceError: a file source that cannot be opened, or a /dev path that does not exist
@@ -76,6 +98,7 @@ class LiveSource:
         stop: threading.Event,
         realtime: bool = False,
         opener: Callable[[str, ReconnectPolicy], FrameReader] = open_live_reader,
+        clock: PaceClock | None = None,
     ) -> None:
         self.camera = camera
         self.source = source
@@ -87,7 +110,7 @@ class LiveSource:
         self._lock = threading.Lock()
         self._changes: deque[StateChange] = deque(maxlen=MAX_CHANGES)
         self._reader: FrameReader | None = None
-        self._pace_origin: int | None = None
+        self._clock = clock or PaceClock()
         self.info = SourceInfo(0, 0, 0.0, -1)
         self.connects = 0
         self.failed_attempts = 0  # opens that failed, and connections that gave no frame
@@ -244,13 +267,13 @@ class LiveSource:
             f"attempt {self._failures} failed: {reason}; retry in {delay:g} s",
         )
 
-    def _pace(self, pts_s: float) -> int | None:
-        """Wait until the frame falls due (real-time replay); its due time on the monotonic
-        clock (ns), or None if stopped meanwhile."""
+    def _pace(self, frame: RawFrame) -> int | None:
+        """Wait until the frame falls due (real-time replay): its recorded stamp where it has
+        one, else its pts; its due time on the monotonic clock (ns), or None if stopped
+        meanwhile."""
         now = time.monotonic_ns()
-        if self._pace_origin is None:
-            self._pace_origin = now - round(pts_s * 1e9)
-        due = self._pace_origin + round(pts_s * 1e9)
+        frame_ns = frame.stamp_ns if frame.stamp_ns is not None else round(frame.pts_s * 1e9)
+        due = self._clock.due_ns(frame_ns, now)
         if due > now and self.stop.wait((due - now) / 1e9):
             return None
         return due
@@ -264,7 +287,7 @@ class LiveSource:
             got = self._reader.read()
             if got is not None:
                 if self.realtime and not self.live:
-                    due_ns = self._pace(got.pts_s)
+                    due_ns = self._pace(got)
                     if due_ns is None:
                         return None
                     # a late frame keeps its due time: falling behind shows as latency

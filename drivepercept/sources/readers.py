@@ -37,6 +37,10 @@ class SourceError(DrivePerceptError):
     """A camera source cannot be opened or read."""
 
 
+class CorruptFrameError(SourceError):
+    """One frame of a source cannot be decoded; the frames after it can (skipped, counted)."""
+
+
 def _too_large(source: str | Path, width: int, height: int) -> str:
     # every frame would be decoded, kept and resized at this size: refused, as a rig file
     # declaring it would be (drivepercept.geometry.check_size)
@@ -70,7 +74,8 @@ class RawFrame:
     image: ImageU8 | None = field(repr=False)
     pts_s: float
     arrived_ns: int
-    jpeg: bytes | None = field(default=None, repr=False)
+    jpeg: bytes | None = field(default=None, repr=False)  # or PNG: any format imdecode reads
+    stamp_ns: int | None = None  # the source's own stamp (a recorded message's), if any
 
     @property
     def decoded(self) -> bool:
@@ -87,7 +92,7 @@ class RawFrame:
             raw = np.frombuffer(self.jpeg or b"", np.uint8)
             image = cv2.imdecode(raw, cv2.IMREAD_COLOR) if raw.size else None
             if image is None:
-                raise SourceError(f"a corrupt JPEG frame ({raw.size} bytes)")
+                raise CorruptFrameError(f"a corrupt compressed frame ({raw.size} bytes)")
             object.__setattr__(self, "image", np.asarray(image, np.uint8))
         assert self.image is not None
         return self.image

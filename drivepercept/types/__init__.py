@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 # (re-exported: the model-input types live in their own module, imported from here)
+from drivepercept.types.detections import Detections as Detections
 from drivepercept.types.model_input import CLASS_CHOICES as CLASS_CHOICES
 from drivepercept.types.model_input import COCO_TO_DRIVING as COCO_TO_DRIVING
 from drivepercept.types.model_input import DRIVING_CLASSES as DRIVING_CLASSES
@@ -159,6 +160,9 @@ class FrameMeta:
     letterbox: Letterbox  # how to map model-input boxes back to original pixels
     queued_ns: int = 0
     original_bgr: ImageU8 | None = field(default=None, repr=False, compare=False)
+    # the source's own stamp of the frame (a ROS header stamp, ns), where it has one; then
+    # pts_s is this stamp in seconds, so frames of different cameras pair by real time
+    stamp_ns: int | None = None
 
 
 class _CarriesMeta:
@@ -185,6 +189,13 @@ class _CarriesMeta:
     @property
     def original_bgr(self) -> ImageU8 | None:
         return self.meta.original_bgr
+
+    @property
+    def stamp_ns(self) -> int:
+        """The frame's time in ns on its source's clock: its recorded stamp where the source
+        has one, else its pts."""
+        stamp = self.meta.stamp_ns
+        return stamp if stamp is not None else round(self.meta.pts_s * 1e9)
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,50 +280,6 @@ class Batch:
         """Largest minus smallest capture time of the frames (cross-camera skew)."""
         captures = [f.capture_ns for f in self.frames]
         return max(captures) - min(captures)
-
-
-@dataclass(frozen=True, eq=False)
-class Detections:
-    """Boxes found in one frame: parallel arrays, boxes in original-frame pixels."""
-
-    xyxy: FloatArray  # (N, 4)
-    scores: FloatArray  # (N,)
-    labels: npt.NDArray[np.int64]  # (N,) indices into class_names
-    class_names: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        n = len(self.scores)
-        if self.xyxy.shape != (n, 4):
-            raise ValueError(f"xyxy must have shape ({n}, 4), got {self.xyxy.shape}")
-        if self.labels.shape != (n,):
-            raise ValueError(f"labels must have shape ({n},), got {self.labels.shape}")
-
-    @classmethod
-    def empty(cls, class_names: tuple[str, ...] = ()) -> Detections:
-        return cls(
-            np.zeros((0, 4), np.float32),
-            np.zeros(0, np.float32),
-            np.zeros(0, np.int64),
-            class_names,
-        )
-
-    def __len__(self) -> int:
-        return len(self.scores)
-
-    def __getitem__(self, mask: npt.NDArray[np.bool_] | npt.NDArray[np.int64]) -> Detections:
-        """Numpy-style selection (boolean mask or index array) -> a new Detections."""
-        return Detections(self.xyxy[mask], self.scores[mask], self.labels[mask], self.class_names)
-
-    @property
-    def names(self) -> list[str]:
-        """Class name of each box."""
-        return [
-            self.class_names[i] if 0 <= i < len(self.class_names) else str(i)
-            for i in self.labels.tolist()
-        ]
-
-    def __repr__(self) -> str:
-        return f"Detections(n={len(self)})"
 
 
 # Every per-frame timestamp, in the order a frame meets them: the one list that FrameTiming,

@@ -1,0 +1,83 @@
+"""`Detections`: the boxes found in one camera frame, as parallel arrays (supervision's
+shape), with the identities tracking gives them where it ran."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from drivepercept.types.model_input import FloatArray
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class Detections:
+    """Boxes found in one frame: parallel arrays, boxes in original-frame pixels.
+
+    Tracking (`drivepercept.tracking`) adds, per box: `track_ids`, its track in its camera
+    (-1: a box no track took); `velocities`, how its xyxy moves, pixels per second (its
+    track's motion model; NaN where unknown); `global_ids`, its object across the rig's
+    cameras (-1: not placed on the ground). Each is None where that step did not run.
+    """
+
+    xyxy: FloatArray  # (N, 4)
+    scores: FloatArray  # (N,)
+    labels: IntArray  # (N,) indices into class_names
+    class_names: tuple[str, ...] = ()
+    track_ids: IntArray | None = None  # (N,)
+    velocities: FloatArray | None = None  # (N, 4)
+    global_ids: IntArray | None = None  # (N,)
+
+    def __post_init__(self) -> None:
+        n = len(self.scores)
+        if self.xyxy.shape != (n, 4):
+            raise ValueError(f"xyxy must have shape ({n}, 4), got {self.xyxy.shape}")
+        if self.labels.shape != (n,):
+            raise ValueError(f"labels must have shape ({n},), got {self.labels.shape}")
+        for name, shape in (("track_ids", (n,)), ("velocities", (n, 4)), ("global_ids", (n,))):
+            value = getattr(self, name)
+            if value is not None and value.shape != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {value.shape}")
+
+    @classmethod
+    def empty(cls, class_names: tuple[str, ...] = ()) -> Detections:
+        return cls(
+            np.zeros((0, 4), np.float32),
+            np.zeros(0, np.float32),
+            np.zeros(0, np.int64),
+            class_names,
+        )
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def __getitem__(self, mask: npt.NDArray[np.bool_] | IntArray) -> Detections:
+        """Numpy-style selection (boolean mask or index array) -> a new Detections."""
+
+        def pick(a: npt.NDArray[np.generic] | None) -> npt.NDArray[np.generic] | None:
+            return None if a is None else a[mask]
+
+        return Detections(
+            self.xyxy[mask],
+            self.scores[mask],
+            self.labels[mask],
+            self.class_names,
+            track_ids=pick(self.track_ids),  # type: ignore[arg-type]
+            velocities=pick(self.velocities),  # type: ignore[arg-type]
+            global_ids=pick(self.global_ids),  # type: ignore[arg-type]
+        )
+
+    @property
+    def names(self) -> list[str]:
+        """Class name of each box."""
+        return [
+            self.class_names[i] if 0 <= i < len(self.class_names) else str(i)
+            for i in self.labels.tolist()
+        ]
+
+    def __repr__(self) -> str:
+        tracked = "" if self.track_ids is None else ", tracked"
+        return f"Detections(n={len(self)}{tracked})"

@@ -1,0 +1,205 @@
+"""One object list for the rig (issue 29): tracks placed on the ground with the rig's
+geometry and joined across cameras (`drivepercept.tracking.fusion`), and the ground
+projection itself (`drivepercept.geometry.ground_points`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drivepercept.errors import ConfigError
+from drivepercept.geometry import Extrinsics, Intrinsics, ground_points
+from drivepercept.rig import CameraConfig, load_rig
+from drivepercept.tracking.fusion import FusionParams, Observation, RigFusion
+
+RIG = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
+
+
+def _cams() -> tuple[CameraConfig, ...]:
+    return load_rig(RIG).cameras
+
+
+def _pixel(cam: CameraConfig, x: float, y: float) -> tuple[float, float]:
+    """Where the ground point (x, y) of the ego frame appears in `cam` (simulator maths)."""
+    from drivepercept.sim.camera import CameraModel, Pose2D
+
+    model = CameraModel.from_config(cam)
+    uv = model.project(model.world_to_camera(np.array([[x, y, 0.0]]), Pose2D(0.0, 0.0, 0.0)))
+    return float(uv[0, 0]), float(uv[0, 1])
+
+
+def _box(cam: CameraConfig, x: float, y: float) -> tuple[float, float, float, float]:
+    """A box standing on the ground at (x, y): its bottom centre is that point's pixel."""
+    u, v = _pixel(cam, x, y)
+    return (u - 20.0, v - 30.0, u + 20.0, v)
+
+
+def test_ground_points_invert_the_simulators_projection() -> None:
+    # given every sample-rig camera and a ground point 15 m out along its axis
+    for cam in _cams():
+        assert cam.intrinsics is not None and cam.extrinsics is not None
+        yaw = math.radians(cam.extrinsics.yaw_deg)
+        x = cam.extrinsics.position_m[0] + 15 * math.cos(yaw) + 1.0
+        y = cam.extrinsics.position_m[1] + 15 * math.sin(yaw) - 0.5
+        # when its pixel is placed back on the ground
+        got = ground_points(np.array([_pixel(cam, x, y)]), cam.intrinsics, cam.extrinsics)
+        # then it lands where it was, to the millimetre
+        assert np.allclose(got[0], (x, y), atol=1e-3), (cam.name, got, x, y)
+
+
+def test_a_pixel_at_or_above_the_horizon_or_too_far_is_not_placed() -> None:
+    k = Intrinsics(fx=300.0, fy=300.0, cx=320.0, cy=180.0)
+    level = Extrinsics(position_m=(0.0, 0.0, 1.5), yaw_deg=0.0, pitch_deg=0.0)
+    got = ground_points(np.array([[320.0, 100.0], [320.0, 180.0], [320.0, 181.0]]), k, level)
+    assert np.isnan(got[0]).all() and np.isnan(got[1]).all()  # above, at the horizon
+    assert np.isnan(got[2]).all()  # 450 m away: over max_range_m
+    near = ground_points(np.array([[320.0, 240.0]]), k, level)
+    assert np.allclose(near[0], (7.5, 0.0))  # 1.5 m * 300 px / 60 px ahead
+    sky = Extrinsics(position_m=(0.0, 0.0, 1.5), yaw_deg=0.0, pitch_deg=-60.0)
+    assert np.isnan(ground_points(np.array([[320.0, 300.0]]), k, sky)).all()
+
+
+def test_two_cameras_seeing_one_object_give_it_one_id_held_over_time() -> None:
+    cams = {c.name: c for c in _cams()}
+    fusion = RigFusion(tuple(cams.values()))
+    ids_seen = set()
+    # given a car 12 m ahead-left, in both the front and front_left views, driving forward
+    for k in range(10):
+        x, y = 12.0 + 0.8 * k, 4.0
+        obs = [
+            Observation("front", 7, "car", _box(cams["front"], x, y), (x + 0.3, y - 0.2)),
+            Observation("front_left", 3, "car", _box(cams["front_left"], x, y), (x - 0.4, y + 0.3)),
+        ]
+        links, objects = fusion.step(k / 10, obs)
+        # then both sightings carry one global id, the same at every step
+        assert links[("front", 7)] == links[("front_left", 3)]
+        ids_seen.add(links[("front", 7)])
+        assert len(objects) == 1 and len(objects[0].sightings) == 2
+    assert len(ids_seen) == 1
+    obj = objects[0]
+    assert obj.x_m == pytest.approx(12.0 + 0.8 * 9, abs=0.5) and obj.y_m == pytest.approx(
+        4.0, abs=0.5
+    )
+    assert obj.speed_mps == pytest.approx(8.0, rel=0.1)  # 0.8 m per 0.1 s
+
+
+def test_an_object_handed_over_to_the_next_camera_keeps_its_id() -> None:
+    cams = _cams()
+    fusion = RigFusion(cams)
+    # given a car passing on the left, seen by back_left until t=0.5 s, then by front_left
+    # from t=0.7 s (no camera sees it in between), moving 10 m/s forward
+    ids = []
+    for k in range(12):
+        t = k / 10
+        if 5 < k < 7:
+            fusion.step(t, [])
+            continue
+        camera, track = ("back_left", 4) if k <= 5 else ("front_left", 9)
+        x, y = -2.0 + 10 * t, 3.5
+        links, _ = fusion.step(t, [Observation(camera, track, "car", (0, 0, 1, 1), (x, y))])
+        ids.append(links[(camera, track)])
+    # then the track of the second camera took the object's id
+    assert len(set(ids)) == 1
+
+
+def test_two_objects_side_by_side_stay_apart() -> None:
+    fusion = RigFusion(_cams())
+    for k in range(5):
+        obs = [
+            Observation("front", 1, "car", (0, 0, 1, 1), (15.0, 2.0)),
+            Observation("front", 2, "car", (0, 0, 1, 1), (15.0, -2.0)),
+            Observation("front_right", 5, "car", (0, 0, 1, 1), (15.2, -2.1)),
+            Observation("front", 3, "pedestrian", (0, 0, 1, 1), (15.1, -1.8)),
+        ]
+        links, objects = fusion.step(k / 10, obs)
+    assert links[("front", 1)] != links[("front", 2)]
+    assert links[("front_right", 5)] == links[("front", 2)]
+    assert links[("front", 3)] not in (links[("front", 1)], links[("front", 2)])  # a person
+    assert len(objects) == 3
+
+
+def test_a_track_that_jumps_to_another_object_is_relinked() -> None:
+    fusion = RigFusion(_cams())
+    for k in range(3):
+        fusion.step(k / 10, [
+            Observation("front", 1, "car", (0, 0, 1, 1), (10.0, 0.0)),
+            Observation("front_left", 8, "car", (0, 0, 1, 1), (10.2, 0.1)),
+        ])  # fmt: skip
+    links, _ = fusion.step(0.3, [
+        Observation("front", 1, "car", (0, 0, 1, 1), (10.0, 0.0)),
+        Observation("front_left", 8, "car", (0, 0, 1, 1), (30.0, 12.0)),  # now another car
+    ])  # fmt: skip
+    assert links[("front_left", 8)] != links[("front", 1)]
+
+
+def test_a_rig_without_geometry_says_so_once_and_places_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bare = (CameraConfig(name="a"), CameraConfig(name="b"))
+    with caplog.at_level(logging.WARNING):
+        fusion = RigFusion(bare)
+    assert not fusion.placing
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "tracking per camera only" in lines[0]
+    got = fusion.place("a", np.array([[0.0, 0.0, 10.0, 10.0]]), (640, 360))
+    assert np.isnan(got).all()
+
+
+def test_a_camera_pointing_at_the_sky_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    k = Intrinsics(fx=300.0, fy=300.0, cx=320.0, cy=180.0)
+    sky = CameraConfig(
+        name="up",
+        intrinsics=k,
+        extrinsics=Extrinsics(position_m=(0.0, 0.0, 1.5), yaw_deg=0.0, pitch_deg=-80.0),
+        width=640,
+        height=360,
+    )
+    fusion = RigFusion((sky,))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(30):
+            xy = fusion.place("up", np.array([[300.0, 200.0, 340.0, 260.0]] * 3), (640, 360))
+            assert np.isnan(xy).all()
+    said = [r.getMessage() for r in caplog.records if "sky" in r.getMessage()]
+    assert len(said) == 1 and "camera up" in said[0]
+
+
+def test_frames_of_another_size_scale_the_intrinsics() -> None:
+    cam = _cams()[0]
+    fusion = RigFusion((cam,))
+    u, v = _pixel(cam, 14.0, 1.0)
+    full = fusion.place(cam.name, np.array([[u - 5, v - 10, u + 5, v]]), (640, 360))
+    half = fusion.place(
+        cam.name, np.array([[u / 2 - 2.5, v / 2 - 5, u / 2 + 2.5, v / 2]]), (320, 180)
+    )
+    assert np.allclose(full, (14.0, 1.0), atol=1e-3) and np.allclose(half, full, atol=1e-3)
+
+
+def test_bad_fusion_params_are_named() -> None:
+    with pytest.raises(ConfigError, match="gate_m must be > 0"):
+        FusionParams(gate_m=0.0)
+    with pytest.raises(ConfigError, match="gate_per_m must be >= 0"):
+        FusionParams(gate_per_m=-1.0)
+
+
+def test_two_ids_of_one_object_in_two_cameras_become_one_after_three_steps() -> None:
+    # given a car first seen by front alone, then by front_left alone far from where front
+    # placed it (its box was cut by the image's side), so that each got an id of its own
+    fusion = RigFusion(_cams())
+    a, _ = fusion.step(0.0, [Observation("front", 1, "car", (0, 0, 1, 1), (20.0, 8.0))])
+    b, _ = fusion.step(0.1, [Observation("front_left", 4, "car", (0, 0, 1, 1), (20.0, 14.0))])
+    assert a[("front", 1)] != b[("front_left", 4)]
+    # when both then see it at one place, step after step
+    both = [
+        Observation("front", 1, "car", (0, 0, 1, 1), (20.0, 9.0)),
+        Observation("front_left", 4, "car", (0, 0, 1, 1), (20.3, 9.2)),
+    ]
+    seen = [fusion.step(0.2 + k / 10, both)[0] for k in range(4)]
+    # then for two steps they keep their ids, and from the third on share the older one
+    assert seen[0][("front", 1)] != seen[0][("front_left", 4)]
+    assert seen[1][("front", 1)] != seen[1][("front_left", 4)]
+    assert seen[2][("front", 1)] == seen[2][("front_left", 4)] == a[("front", 1)]
+    assert seen[3][("front_left", 4)] == a[("front", 1)]
