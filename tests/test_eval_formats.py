@@ -418,7 +418,7 @@ def test_cli_eval_of_a_mot_sequence_with_the_bundled_model(
         "format": "mot",
         "images": labelled.mot_frames,
         "targets": labelled.mot_visible,  # every one at least 12 pixels tall too
-        "schema_version": 2,
+        "schema_version": 3,
     }
     pedestrians = report["per_class"]["pedestrian"]
     assert set(pedestrians) == {"ap_50_95", "ap_50", "recall_50", "targets"}

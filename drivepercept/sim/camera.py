@@ -14,7 +14,13 @@ import numpy as np
 import numpy.typing as npt
 
 from drivepercept.errors import ConfigError
-from drivepercept.geometry import Extrinsics, Intrinsics, check_camera_count, check_size
+from drivepercept.geometry import (
+    Extrinsics,
+    Intrinsics,
+    camera_rotation,
+    check_camera_count,
+    check_size,
+)
 from drivepercept.rig import CameraConfig
 
 FloatArray = npt.NDArray[np.float64]
@@ -37,18 +43,6 @@ class Pose2D:
         """(N, 3) points in this pose's frame -> (N, 3) world points."""
         out = points_local @ self.rotation().T + np.array([self.x_m, self.y_m, 0.0])
         return np.asarray(out, dtype=np.float64)
-
-
-def camera_rotation(extrinsics: Extrinsics) -> FloatArray:
-    """3x3 rotation taking ego-frame vectors into the camera frame (rows: camera axes)."""
-    yaw = math.radians(extrinsics.yaw_deg)
-    pitch = math.radians(extrinsics.pitch_deg)
-    forward = np.array(
-        [math.cos(yaw) * math.cos(pitch), math.sin(yaw) * math.cos(pitch), -math.sin(pitch)]
-    )
-    right = np.array([math.sin(yaw), -math.cos(yaw), 0.0])
-    down = np.cross(forward, right)
-    return np.stack([right, down, forward])
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,6 +8,7 @@ closed in a `finally:`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -67,3 +68,18 @@ class ClosingSink:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class LoadFace(ClosingSink):
+    """The load-sink face (`LoadSink`) of a sink that also takes results (MCAP, Rerun): its
+    samples go to `write`, on the `gpu-monitor` thread; closing it calls `stop` (no more
+    samples), and the sink's own `close()` finishes the output."""
+
+    def __init__(self, write: Callable[[LoadSample], None], stop: Callable[[], None]) -> None:
+        self._write, self._stop = write, stop
+
+    def write(self, sample: LoadSample) -> None:
+        self._write(sample)
+
+    def close(self) -> None:
+        self._stop()

@@ -50,7 +50,7 @@ from drivepercept import __version__
 from drivepercept.errors import OutputError
 from drivepercept.recording import messages
 from drivepercept.recording.mcapfile import PROFILE_ROS2, McapOut
-from drivepercept.sinks.base import ClosingSink
+from drivepercept.sinks.base import ClosingSink, LoadFace
 from drivepercept.sinks.video import _PALETTE  # one colour per class in video and Foxglove
 from drivepercept.types import FrameResult, ImageU8, LoadSample
 
@@ -233,7 +233,7 @@ class McapSink(ClosingSink):
         except BaseException:
             self._out.close()
             raise
-        self.load_sink = _LoadToMcap(self)
+        self.load_sink = LoadFace(self._write_load, self._stop_load)
 
     # ------------------------------------------------------------------ frames
 
@@ -375,6 +375,10 @@ class McapSink(ClosingSink):
 
     # ------------------------------------------------------------------ closing
 
+    def _stop_load(self) -> None:
+        with self._lock:
+            self._load_closed = True
+
     def close(self) -> None:
         """Finish the file (its summary and index); a second call does nothing.
 
@@ -385,18 +389,3 @@ class McapSink(ClosingSink):
             self._closed = True
             self._early.clear()
         self._out.close()
-
-
-class _LoadToMcap(ClosingSink):
-    """The load-sink face of a `McapSink` (`LoadSink`), called on the `gpu-monitor` thread.
-    Closing it stops load samples; the file is finished by the `McapSink`'s close."""
-
-    def __init__(self, sink: McapSink) -> None:
-        self._sink = sink
-
-    def write(self, sample: LoadSample) -> None:
-        self._sink._write_load(sample)
-
-    def close(self) -> None:
-        with self._sink._lock:
-            self._sink._load_closed = True

@@ -62,7 +62,7 @@ import cv2
 import numpy as np
 
 from drivepercept.errors import ConfigError, OutputError, one_line
-from drivepercept.sinks.base import ClosingSink
+from drivepercept.sinks.base import ClosingSink, LoadFace
 from drivepercept.types import FrameResult, ImageU8, LoadSample
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ class RerunSink(ClosingSink):
             with contextlib.suppress(Exception):
                 self.recording.disconnect()
             raise
-        self.load_sink = _LoadToRerun(self)
+        self.load_sink = LoadFace(self._log_load, self._stop_load)
 
     # ------------------------------------------------------------------ opening
 
@@ -380,6 +380,10 @@ class RerunSink(ClosingSink):
 
     # ------------------------------------------------------------------ closing
 
+    def _stop_load(self) -> None:
+        with self._lock:
+            self._load_closed = True
+
     def close(self) -> None:
         """Send what is still queued and end the recording: an `.rrd` gets its footer, a
         viewer sees the stream end. Idempotent; nothing is logged after it.
@@ -411,18 +415,3 @@ class RerunSink(ClosingSink):
             log.warning("rerun: not all data was sent before closing: %s", one_line(str(exc)))
         finally:
             self.recording.disconnect()
-
-
-class _LoadToRerun(ClosingSink):
-    """The load-sink face of a `RerunSink` (`LoadSink`): called on the `gpu-monitor` thread.
-    Closing it stops load samples; the recording itself ends with the `RerunSink`'s close."""
-
-    def __init__(self, sink: RerunSink) -> None:
-        self._sink = sink
-
-    def write(self, sample: LoadSample) -> None:
-        self._sink._log_load(sample)
-
-    def close(self) -> None:
-        with self._sink._lock:
-            self._sink._load_closed = True
