@@ -520,6 +520,7 @@ def test_close_gives_up_on_a_viewer_that_stopped_reading(
     assert sink.frames_written == written
 
 
+@pytest.mark.slow  # waits out the viewer that cannot start (16 s)
 @pytest.mark.skipif(
     bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")),
     reason="a display is there: the viewer would open a window",
