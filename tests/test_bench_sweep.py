@@ -315,6 +315,7 @@ def test_sweep_knobs_belong_to_the_sweep(
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 14 s; the sweep's parts have unit tests above
 def test_a_small_real_sweep_on_the_command_line(
     in_process: Callable[[list[str]], tuple[int, str]], tmp_path: Path
 ) -> None:

@@ -99,6 +99,7 @@ def _rows(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.slow  # 21 s of live running; the other live-rig tests cover drops and latency
 def test_latency_stays_flat_and_every_drop_is_counted(tmp_path: Path, server: CameraServer) -> None:
     # given 4 cameras at 15 fps (60 frames/s) and a model that manages about 25 frames/s
     cams = [(n, server.url(n)) for n in NAMES]

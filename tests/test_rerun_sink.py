@@ -357,6 +357,7 @@ def test_close_twice_is_fine_and_later_writes_are_dropped(
     assert len(recording.entity(f"{camera_path('front')}/image")) == 1
 
 
+@pytest.mark.slow  # 11 s
 def test_close_while_the_sampler_writes_finishes(
     tmp_path: Path, saved: Callable[..., RerunSink]
 ) -> None:
