@@ -220,6 +220,7 @@ def test_ctrl_c_then_resume_runs_only_the_unfinished(
     assert result.record["totals"]["frames"] == 4 * 20
 
 
+@pytest.mark.slow  # 13 s; resume itself is covered by test_ctrl_c_then_resume_runs_only_the_unfinished
 def test_resume_runs_a_drive_again_when_the_options_differ(
     drives: dict[str, Path], ray_session: None, tmp_path: Path
 ) -> None:
@@ -233,6 +234,7 @@ def test_resume_runs_a_drive_again_when_the_options_differ(
     assert same.outcomes[0].resumed
 
 
+@pytest.mark.slow  # 18 s; the corrupt drive itself is covered by test_four_drives_and_a_corrupt_one
 def test_cli_names_the_corrupt_drive(drives: dict[str, Path], tmp_path: Path) -> None:
     proc = _cli(
         str(drives["d4"]), str(drives["corrupt"]), "--out", str(tmp_path / "o"), "--report", "json"
