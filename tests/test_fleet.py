@@ -220,7 +220,7 @@ def test_ctrl_c_then_resume_runs_only_the_unfinished(
     assert result.record["totals"]["frames"] == 4 * 20
 
 
-@pytest.mark.slow  # 13 s; resume itself is covered by test_ctrl_c_then_resume_runs_only_the_unfinished
+@pytest.mark.slow  # 13 s; resume is covered by test_ctrl_c_then_resume_runs_only_the_unfinished
 def test_resume_runs_a_drive_again_when_the_options_differ(
     drives: dict[str, Path], ray_session: None, tmp_path: Path
 ) -> None:
