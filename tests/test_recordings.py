@@ -404,6 +404,12 @@ def test_bad_recordings_give_one_line_and_their_exit_code(
     code, lines = replay(str(mono16))
     assert code == 2 and len(lines) == 1 and "unsupported image encoding 'mono16'" in lines[0]
 
+    # a file named .mcap that is not one
+    fake = tmp_path / "fake.mcap"
+    fake.write_text("not an mcap file at all")
+    code, lines = replay(str(fake))
+    assert code == 2 and len(lines) == 1 and "is not an MCAP file" in lines[0], lines
+
 
 @pytest.mark.timeout(120)
 def test_a_cut_mcap_keeps_the_frames_before_the_cut_and_exits_3(

@@ -99,3 +99,28 @@ def test_a_camera_pointing_at_the_sky_is_no_traceback(in_process: Cli, tmp_path:
     front = [f for f in frames if f["camera"] == "front" and f["track_ids"]]
     assert front and all(g == -1 for f in front for g in f["global_ids"])  # type: ignore[attr-defined]
     assert any(t >= 0 for f in front for t in f["track_ids"])  # type: ignore[attr-defined]
+
+
+def test_the_video_label_names_the_object_else_the_track() -> None:
+    import numpy as np
+
+    from drivepercept.sinks.video import draw_detections
+    from drivepercept.types import DRIVING_CLASSES, Detections
+
+    boxes = np.array([[10, 10, 60, 60], [80, 10, 130, 60], [10, 80, 60, 130]], np.float32)
+    det = Detections(
+        boxes,
+        np.array([0.9, 0.8, 0.7], np.float32),
+        np.zeros(3, np.int64),
+        DRIVING_CLASSES,
+        track_ids=np.array([5, 6, -1]),
+        global_ids=np.array([3, -1, -1]),
+    )
+    from drivepercept.sinks.video import _ids
+
+    assert _ids(det) == [" #3", " c6", ""]
+    plain = Detections(boxes, det.scores, det.labels, DRIVING_CLASSES)
+    image = np.zeros((160, 160, 3), np.uint8)
+    # the labels drawn differ from an untracked frame's only by the identities
+    assert _ids(plain) == ["", "", ""]
+    assert not np.array_equal(draw_detections(image, det), draw_detections(image, plain))

@@ -72,6 +72,7 @@ class _Mcap:
 
     def __init__(self, path: Path) -> None:
         try:
+            from mcap.exceptions import InvalidMagic
             from mcap.reader import make_reader
         except ImportError as exc:
             raise _missing(exc) from None
@@ -80,11 +81,11 @@ class _Mcap:
         try:
             self._reader = make_reader(self._file)
             self._summary = self._reader.get_summary()
-        except Exception as exc:  # not an MCAP at all (bad magic), or no summary to seek by
+        except InvalidMagic as exc:
+            self.close()
+            raise SourceError(f"{path} is not an MCAP file ({exc})") from None
+        except Exception:  # no summary to seek by (cut short): read front to back
             self._summary = None
-            if "magic" in str(exc).lower() or type(exc).__name__ == "InvalidMagic":
-                self.close()
-                raise SourceError(f"{path} is not an MCAP file ({exc})") from None
         self.factories = _mcap_factories()
         self.indexed = self._summary is not None
 

@@ -181,6 +181,7 @@ class RecordingReader:
         self._order = itertools.count()
         self._exhausted = False
         self._error: SourceError | None = None
+        self.frames_seen = 0  # frames given by `read`
         try:
             count = next((t.count for t in self._rec.topics() if t.name == topic), None)
             if count is None:
@@ -231,8 +232,6 @@ class RecordingReader:
                 self._skip("an unsupported encoding")
             except Exception as exc:  # a damaged message (CorruptFrameError, bad CDR): this frame
                 self._skip(f"{type(exc).__name__}: {exc}")
-
-    frames_seen = 0
 
     def _said(self, exc: SourceError) -> SourceError:
         """The error to raise for `exc`: a damaged container says how far the topic read."""

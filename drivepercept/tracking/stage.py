@@ -89,22 +89,26 @@ class RigTracker:
             ids = np.asarray(update.track_ids, np.int64)
             moves = np.asarray(update.velocities, np.float32)
             tracked.append((result, dataclasses.replace(det, track_ids=ids, velocities=moves)))
-            if not self.fusion.placing or not len(det):
+            if not self.fusion.placing or not (ids >= 0).any():
                 continue
             size = result.meta.letterbox.src_size
             names = det.names
-            xy = self.fusion.place(result.camera, boxes, size, names)
-            cut = self.fusion.truncated(boxes, size)
-            for k in np.flatnonzero((ids >= 0) & np.isfinite(xy).all(axis=1)).tolist():
-                box = det.xyxy[k].tolist()
+            keep = np.flatnonzero(ids >= 0)  # only confirmed tracks are placed and joined
+            kept = boxes[keep]
+            xy = self.fusion.place(result.camera, kept, size, [names[k] for k in keep])
+            cut = self.fusion.truncated(kept, size)
+            for j, k in enumerate(keep.tolist()):
+                if not np.isfinite(xy[j]).all():
+                    continue
+                box = kept[j].tolist()
                 observations.append(
                     Observation(
                         camera=result.camera,
                         track_id=int(ids[k]),
                         class_name=names[k],
                         xyxy=(box[0], box[1], box[2], box[3]),
-                        xy=(float(xy[k, 0]), float(xy[k, 1])),
-                        truncated=bool(cut[k]),
+                        xy=(float(xy[j, 0]), float(xy[j, 1])),
+                        truncated=bool(cut[j]),
                     )
                 )
         if not self.fusion.placing or not results:
