@@ -15,14 +15,10 @@ import numpy.typing as npt
 import pytest
 
 from drivepercept.errors import ConfigError
-from drivepercept.tracking.bytetrack import (
-    CameraTracker,
-    TrackParams,
-    TrackUpdate,
-    box_iou,
-    match,
-)
+from drivepercept.tracking.association import box_iou, match
+from drivepercept.tracking.bytetrack import ByteTracker, CameraTracker, TrackParams, TrackUpdate
 from drivepercept.tracking.kalman import CHI2_95_4DOF, BoxKalman, xyxy_to_xywh
+from drivepercept.tracking.track_table import CameraBoxes
 
 GROUND_TRUTH = Path(__file__).resolve().parents[1] / "sample_videos" / "ground_truth.json"
 FPS = 30.0
@@ -371,3 +367,116 @@ def test_sample_rig_ground_truth_is_tracked_with_few_id_switches() -> None:
     assert matched > 500
     assert later_with_id / later >= 0.95
     assert switches / matched < 0.02
+
+
+# -- many cameras at once ------------------------------------------------------------------
+
+
+def _truth_frames(drop: float, seed: int) -> dict[str, list[list[dict[str, Any]]]]:
+    """Per camera, per frame: the sample rig's ground-truth boxes (>= 100 px^2), with a share
+    `drop` of them left out at random."""
+    truth = json.loads(GROUND_TRUTH.read_text())
+    frames: dict[str, list[list[dict[str, Any]]]] = defaultdict(
+        lambda: [[] for _ in range(int(truth["info"]["frames"]))]
+    )
+    rng = np.random.default_rng(seed)
+    for ann in truth["annotations"]:
+        if ann["area"] >= 100 and rng.random() >= drop:
+            frames[ann["camera"]][ann["frame_index"]].append(ann)
+    return dict(frames)
+
+
+def _boxes(key: int, anns: list[dict[str, Any]], t_s: float) -> CameraBoxes:
+    rng = np.random.default_rng(len(anns))
+    return CameraBoxes(
+        key,
+        np.array([a["bbox_xyxy"] for a in anns], np.float64).reshape(-1, 4),
+        rng.uniform(0.2, 0.95, len(anns)),  # high, low and ignored scores
+        np.array([a["category_id"] for a in anns], np.int64),
+        t_s,
+    )
+
+
+def test_a_batch_of_cameras_gets_what_one_tracker_per_camera_gets() -> None:
+    # given the six cameras of the sample rig, some of each frame's boxes dropped, and every
+    # camera's frames skipped in turn now and then (a batch without that camera)
+    frames = _truth_frames(0.1, seed=1)
+    cameras = sorted(frames)
+    alone = {name: CameraTracker() for name in cameras}
+    together = ByteTracker()
+    # when each batch goes through one ByteTracker, and each frame through its own camera's
+    for index in range(len(frames[cameras[0]])):
+        batch = [
+            _boxes(k, frames[name][index], index / 15)
+            for k, name in enumerate(cameras)
+            if (index + k) % 7 != 0
+        ]
+        updates = together.update(batch)
+        # then every box gets the same id and velocity
+        for frame, update in zip(batch, updates, strict=True):
+            expected = alone[cameras[frame.camera]].update(
+                frame.xyxy, frame.scores, frame.labels, frame.t_s
+            )
+            np.testing.assert_array_equal(update.track_ids, expected.track_ids)
+            np.testing.assert_allclose(update.velocities, expected.velocities, atol=1e-9)
+    # and each camera has its own tracks, ids from 1, and lifetimes
+    for k, name in enumerate(cameras):
+        assert together.tracks(k) == alone[name].tracks()
+        assert together.lifetimes_s(k) == alone[name].lifetimes_s()
+        assert together.ended_count(k) == alone[name].ended_count
+    assert sum(len(together.lifetimes_s(k)) for k in range(len(cameras))) > 30
+
+
+def test_a_camera_absent_from_a_batch_keeps_its_tracks_as_they_were() -> None:
+    # given two cameras, each with an object tracked for 10 frames
+    tracker = ByteTracker(TrackParams(lost_s=0.2))
+    for k in range(10):
+        tracker.update(
+            [
+                CameraBoxes(
+                    0, np.array([box(100 + 3 * k, 200)]), np.array([0.9]), np.array([0]), k / FPS
+                ),
+                CameraBoxes(1, np.array([box(300, 200)]), np.array([0.9]), np.array([0]), k / FPS),
+            ]
+        )
+    # when camera 1 is left out of batches for longer than lost_s
+    for k in range(10, 30):
+        tracker.update(
+            [
+                CameraBoxes(
+                    0, np.array([box(100 + 3 * k, 200)]), np.array([0.9]), np.array([0]), k / FPS
+                )
+            ]
+        )
+    # then its track was neither lost nor moved, and its next box keeps the id
+    (before,) = tracker.tracks(1)
+    assert not before.lost and before.last_seen_s == pytest.approx(9 / FPS)
+    (update,) = tracker.update(
+        [CameraBoxes(1, np.array([box(300, 200)]), np.array([0.9]), np.array([0]), 30 / FPS)]
+    )
+    assert update.track_ids.tolist() == [1]
+    # and two frames of one camera in one update are refused
+    with pytest.raises(ValueError, match="one frame per camera"):
+        frame = CameraBoxes(0, np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64), 2.0)
+        tracker.update([frame, frame])
+
+
+def test_kalman_steps_each_track_by_its_own_time() -> None:
+    # given three tracks
+    kf = BoxKalman()
+    mean, cov = kf.initiate(xyxy_to_xywh(np.array([box(100, 200), box(50, 60), box(300, 90)])))
+    mean, cov = kf.update(*kf.predict(mean, cov, 0.1), mean[:, :4] + 2.0)
+    # when stepped by one time each, then each is what a step of its own time alone gives
+    dts = np.array([0.0, 0.05, 0.4])
+    both = kf.predict(mean, cov, dts)
+    for k, dt in enumerate(dts.tolist()):
+        one = kf.predict(mean[k : k + 1], cov[k : k + 1], dt)
+        np.testing.assert_allclose(both[0][k], one[0][0])
+        np.testing.assert_allclose(both[1][k], one[1][0])
+    # and the block form equals the motion matrix's product
+    motion = np.eye(8)
+    motion[:4, 4:] = 0.4 * np.eye(4)
+    expected = motion @ cov[2] @ motion.T
+    grown = both[1][2] - expected
+    assert np.allclose(grown - np.diag(np.diag(grown)), 0.0)
+    assert (np.diag(grown) > 0).all()  # the process noise, on the diagonal only

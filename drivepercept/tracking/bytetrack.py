@@ -1,9 +1,11 @@
-"""ByteTrack over one camera's boxes (Zhang et al., "ByteTrack: Multi-Object Tracking by
-Associating Every Detection Box", ECCV 2022), stepped by time.
+"""ByteTrack over each camera's boxes (Zhang et al., "ByteTrack: Multi-Object Tracking by
+Associating Every Detection Box", ECCV 2022), stepped by time, for all of a batch's cameras
+at once.
 
-Each `CameraTracker.update` takes one frame's boxes and:
+Each `ByteTracker.update` takes one frame from each of some cameras and, for every camera's
+tracks and boxes (a box only ever meets its own camera's tracks):
 
-1. predicts every track to the frame's time (`kalman.BoxKalman`, by the elapsed seconds, so
+1. predicts every track to its frame's time (`kalman.BoxKalman`, by the elapsed seconds, so
    frames a live camera dropped make one longer step);
 2. matches high-score boxes to confirmed tracks, tracked and lost (IoU, Hungarian);
 3. matches low-score boxes to the confirmed tracks still unmatched that were tracked in the
@@ -15,27 +17,36 @@ Each `CameraTracker.update` takes one frame's boxes and:
 6. ends lost tracks unseen for more than `lost_s`, and drops the younger of a tracked and a
    lost track that cover the same place.
 
-A track is confirmed, and only then given an id, after `min_hits` hits (at once in the
-tracker's first frame): ids of one camera count up from 1, are never reused, and a false
-box that never got a second one used none. Assignments use scipy's `linear_sum_assignment`
-with the reference implementation's rule (its `lap.lapjv(..., cost_limit=...)`): a pair is
-matched only if that costs less than leaving both unmatched, not to match the most pairs.
+A track is confirmed, and only then given an id, after `min_hits` hits (at once in its
+camera's first frame): ids of one camera count up from 1, are never reused, and a false box
+that never got a second one used none. Assignments use scipy's `linear_sum_assignment` with
+the reference implementation's rule (its `lap.lapjv(..., cost_limit=...)`): a pair is
+matched only if that costs no more than leaving both unmatched, not to match the most
+pairs.
 
-Not thread-safe: one tracker per camera, called by one thread (the pipeline's completion
-thread). An update with ~20 tracks and boxes takes a fraction of a millisecond.
+Why a batch at once: the work per frame is many small numpy calls, and their overhead, not
+their arithmetic, is the cost. One call over a six-camera batch's tracks costs about what one
+call over one camera's did, and the tracker runs on the pipeline's completion thread, where
+every millisecond holding the GIL is one the engine thread may wait for. The result is the
+same as one tracker per camera: cross-camera pairs have no overlap, so each camera's
+assignment is its own (`CameraTracker` is that one camera).
+
+Not thread-safe: one thread calls it (the pipeline's completion thread).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import linear_sum_assignment
 
 from drivepercept.errors import ConfigError
-from drivepercept.tracking.kalman import BoxKalman, xywh_to_xyxy, xyxy_to_xywh, xyxy_velocities
+from drivepercept.tracking.association import box_iou, match, widen
+from drivepercept.tracking.kalman import BoxKalman, xywh_to_xyxy, xyxy_to_xywh
+from drivepercept.tracking.track_table import CameraBoxes, TrackTable, read_boxes
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -156,112 +167,11 @@ class TrackInfo:
     lost: bool
 
 
-def box_iou(a: FloatArray, b: FloatArray) -> FloatArray:
-    """IoU of every box in `a` `(T, 4)` with every box in `b` `(N, 4)`, xyxy: `(T, N)`.
-    A box of no area overlaps nothing (IoU 0)."""
-    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0.0, None), axis=1)
-    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0.0, None), axis=1)
-    iw = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
-    ih = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    inter = np.clip(iw, 0.0, None) * np.clip(ih, 0.0, None)
-    union = area_a[:, None] + area_b[None, :] - inter
-    with np.errstate(divide="ignore", invalid="ignore"):
-        iou = np.where(union > 0, inter / union, 0.0)
-    return iou
-
-
-def widen(xyxy: FloatArray, fraction: float) -> FloatArray:
-    """Boxes `(N, 4)` widened by `fraction` of their width and height on each side."""
-    margin = fraction * (xyxy[:, 2:] - xyxy[:, :2])
-    return np.concatenate([xyxy[:, :2] - margin, xyxy[:, 2:] + margin], axis=1)
-
-
-def match(iou: FloatArray, min_iou: float) -> tuple[IntArray, IntArray]:
-    """Pairs (rows, columns) of an IoU matrix that minimise the total cost `1 - IoU`, where
-    a pair below `min_iou` is never taken and a pair is taken only if it costs less than
-    leaving its row and its column unmatched (`1 - min_iou` for the two)."""
-    empty = np.zeros(0, np.int64)
-    ok = iou >= min_iou
-    if not ok.any():
-        return empty, empty
-    rows = np.flatnonzero(ok.any(axis=1))
-    cols = np.flatnonzero(ok.any(axis=0))
-    ok = ok[np.ix_(rows, cols)]
-    if (ok.sum(axis=0) <= 1).all() and (ok.sum(axis=1) <= 1).all():
-        r, c = np.nonzero(ok)  # no pair competes with another: take them all
-        return rows[r], cols[c]
-    limit = 1.0 - min_iou
-    t, n = ok.shape
-    cost = np.full((t + n, n + t), 0.5 * limit)  # unmatched: half the limit per side
-    cost[:t, :n] = np.where(ok, 1.0 - iou[np.ix_(rows, cols)], limit + 1.0)
-    cost[t:, n:] = 0.0
-    r, c = linear_sum_assignment(cost)
-    keep = (r < t) & (c < n)
-    r, c = r[keep], c[keep]
-    keep = ok[r, c]
-    return rows[r[keep]], cols[c[keep]]
-
-
-_COLUMNS = ("mean", "cov", "ids", "labels", "hits", "first_s", "last_s", "lost")
-
-
-class _Tracks:
-    """The tracks of one camera as parallel arrays (one row per track), so that prediction
-    and correction run over all of them at once."""
-
-    def __init__(self) -> None:
-        self.mean = np.zeros((0, 8))
-        self.cov = np.zeros((0, 8, 8))
-        self.ids = np.zeros(0, np.int64)  # 0: not confirmed yet
-        self.labels = np.zeros(0, np.int64)
-        self.hits = np.zeros(0, np.int64)
-        self.first_s = np.zeros(0)
-        self.last_s = np.zeros(0)
-        self.lost = np.zeros(0, np.bool_)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def append(
-        self, mean: FloatArray, cov: FloatArray, ids: IntArray, labels: IntArray, t_s: float
-    ) -> None:
-        n, seen = len(ids), np.full(len(ids), t_s)
-        new = (mean, cov, ids, labels, np.ones(n, np.int64), seen, seen, np.zeros(n, np.bool_))
-        for name, rows in zip(_COLUMNS, new, strict=True):
-            setattr(self, name, np.concatenate([getattr(self, name), rows]))
-
-    def velocities(self, rows: IntArray) -> FloatArray:
-        """`d(x1, y1, x2, y2)/dt` of `rows`; NaN for a track of one box (no motion yet)."""
-        velocities = xyxy_velocities(self.mean[rows])
-        velocities[self.hits[rows] < 2] = np.nan
-        return velocities
-
-    def keep(self, mask: BoolArray) -> None:
-        for name in _COLUMNS:
-            setattr(self, name, getattr(self, name)[mask])
-
-
-def _inputs(
-    xyxy: object, scores: object, labels: object
-) -> tuple[FloatArray, FloatArray, IntArray]:
-    boxes = np.asarray(xyxy, np.float64)
-    score = np.asarray(scores, np.float64)
-    label = np.asarray(labels)
-    n = score.shape[0] if score.ndim == 1 else -1
-    if boxes.size == 0 and n == 0:
-        boxes = boxes.reshape(0, 4)
-    if n < 0 or boxes.shape != (n, 4) or label.shape != (n,):
-        raise ValueError(
-            "xyxy, scores and labels must have shapes (N, 4), (N,) and (N,), "
-            f"got {boxes.shape}, {score.shape} and {label.shape}"
-        )
-    if n and not np.issubdtype(label.dtype, np.integer):
-        raise ValueError(f"labels must be integers, got dtype {label.dtype}")
-    return boxes, score, label.astype(np.int64, copy=False)
-
-
-class CameraTracker:
-    """ByteTrack for one camera (see the module docstring).
+class ByteTracker:
+    """ByteTrack for any number of cameras, a batch of their frames at a time (see the module
+    docstring). Each camera's tracks and ids are its own: a box only ever joins a track of
+    its own camera, and the result is the same as one tracker per camera, but the numpy work
+    of a batch is done once instead of once per camera.
 
     Args:
         params: the tracker's settings.
@@ -273,42 +183,60 @@ class CameraTracker:
     ) -> None:
         self.params = params or TrackParams()
         self.kalman = kalman or BoxKalman()
-        self._tracks = _Tracks()
-        self._last_t: float | None = None
-        self._next_id = 1
-        self._ended_s: dict[int, float] = {}  # ended confirmed tracks: id -> lifetime
+        self._tracks = TrackTable()
+        self._last_t: dict[int, float] = {}
+        self._next_id: dict[int, int] = {}
+        self._ended_s: dict[int, dict[int, float]] = {}  # camera -> ended track id -> lifetime
 
-    def update(
-        self, xyxy: FloatArray, scores: FloatArray, labels: IntArray, t_s: float
-    ) -> TrackUpdate:
-        """Track one frame's boxes.
-
-        Args:
-            xyxy: `(N, 4)` boxes in pixels; ones with NaN or infinite corners or no area
-                are ignored (track id -1).
-            scores: `(N,)` their scores.
-            labels: `(N,)` their class indices.
-            t_s: the frame's time in seconds, later than the previous frame's.
+    def update(self, frames: Sequence[CameraBoxes]) -> list[TrackUpdate]:
+        """Track one frame of each of some cameras (at most one frame per camera).
 
         Returns:
-            each box's confirmed track id and velocity.
+            per frame, in order, each box's confirmed track id and velocity.
 
         Raises:
-            ValueError: arrays of mismatched shapes, or `t_s` not after the previous one.
+            ValueError: two frames of one camera, arrays of mismatched shapes, or a time not
+                after its camera's previous one.
         """
-        boxes, score, label = _inputs(xyxy, scores, labels)
-        t = float(t_s)
-        if not math.isfinite(t) or (self._last_t is not None and t <= self._last_t):
-            raise ValueError(
-                f"t_s must be finite and after the previous {self._last_t!r}, got {t_s!r}"
-            )
-        first = self._last_t is None
+        cams = [int(f.camera) for f in frames]
+        if len(set(cams)) != len(cams):
+            raise ValueError(f"one frame per camera in an update, got cameras {cams}")
+        parsed = [read_boxes(f.xyxy, f.scores, f.labels) for f in frames]
+        times = [float(f.t_s) for f in frames]
+        for cam, t, f in zip(cams, times, frames, strict=True):
+            last = self._last_t.get(cam)
+            if not math.isfinite(t) or (last is not None and t <= last):
+                raise ValueError(
+                    f"t_s must be finite and after the previous {last!r}, got {f.t_s!r}"
+                )
+        if not frames:
+            return []
+        counts = [len(s) for _, s, _ in parsed]
+        boxes = np.concatenate([b for b, _, _ in parsed])
+        score = np.concatenate([s for _, s, _ in parsed])
+        label = np.concatenate([lab for _, _, lab in parsed])
+        det_cam = np.repeat(np.array(cams, np.int64), counts)
+        det_t = np.repeat(np.array(times), counts)
+        first = {cam: cam not in self._last_t for cam in cams}
         tracks, p = self._tracks, self.params
-        if len(tracks) and self._last_t is not None:
+
+        # each track's camera in this batch (active), and that camera's time and elapsed time
+        order = np.argsort(cams)
+        batch_cams = np.array(cams, np.int64)[order]
+        batch_t = np.array(times)[order]
+        batch_dt = batch_t - np.array([self._last_t.get(cams[k], math.nan) for k in order])
+        pos = np.minimum(np.searchsorted(batch_cams, tracks.cams), len(batch_cams) - 1)
+        active = batch_cams[pos] == tracks.cams
+        row_t = np.where(active, batch_t[pos], np.nan)
+        if active.any():
+            rows = np.flatnonzero(active)  # only cameras with a track have a previous time
             # a lost track keeps drifting, but its size stops changing (as in ByteTrack)
-            tracks.mean[tracks.lost, 6:8] = 0.0
-            tracks.mean, tracks.cov = self.kalman.predict(tracks.mean, tracks.cov, t - self._last_t)
-        self._last_t = t
+            tracks.mean[rows[tracks.lost[rows]], 6:8] = 0.0
+            tracks.mean[rows], tracks.cov[rows] = self.kalman.predict(
+                tracks.mean[rows], tracks.cov[rows], batch_dt[pos[rows]]
+            )
+        for cam, t in zip(cams, times, strict=True):
+            self._last_t[cam] = t
 
         n = len(score)
         with np.errstate(invalid="ignore"):
@@ -317,32 +245,36 @@ class CameraTracker:
         high = valid & (score >= p.high_score)
         low = valid & (score >= p.low_score) & ~high
         track_boxes = xywh_to_xyxy(tracks.mean)
-        same = (tracks.labels[:, None] == label[None, :]) | (not p.class_aware)
+        same = tracks.cams[:, None] == det_cam[None, :]  # a box only joins its camera's tracks
+        if p.class_aware:
+            same &= tracks.labels[:, None] == label[None, :]
         iou = np.where(same, box_iou(track_boxes, np.where(valid[:, None], boxes, 0.0)), 0.0)
-        confirmed = tracks.ids > 0
+        confirmed = active & (tracks.ids > 0)
+        unconfirmed = active & (tracks.ids == 0)
         was_tracked = confirmed & ~tracks.lost
         det_row = np.full(n, -1, np.int64)  # each box's track row
         row_det = np.full(len(tracks), -1, np.int64)  # each track's box
 
         def associate(rows: IntArray, dets: IntArray, min_iou: float) -> None:
-            r, c = match(iou[np.ix_(rows, dets)], min_iou)
-            det_row[dets[c]] = rows[r]
-            row_det[rows[r]] = dets[c]
+            if len(rows) and len(dets):
+                r, c = match(iou[rows][:, dets], min_iou)
+                det_row[dets[c]] = rows[r]
+                row_det[rows[r]] = dets[c]
 
         associate(np.flatnonzero(confirmed), np.flatnonzero(high), p.match_iou)
         associate(
             np.flatnonzero(was_tracked & (row_det < 0)), np.flatnonzero(low), p.second_match_iou
         )
         high_left = np.flatnonzero(high & (det_row < 0))
-        unconfirmed = np.flatnonzero(~confirmed)
-        if len(unconfirmed) and len(high_left):  # buffered IoU: the track has no motion yet
-            pairs = np.ix_(unconfirmed, high_left)
+        young = np.flatnonzero(unconfirmed)
+        if len(young) and len(high_left):  # buffered IoU: the track has no motion yet
+            pairs = np.ix_(young, high_left)
             buffered = box_iou(
-                widen(track_boxes[unconfirmed], p.unconfirmed_buffer),
+                widen(track_boxes[young], p.unconfirmed_buffer),
                 widen(boxes[high_left], p.unconfirmed_buffer),
             )
             iou[pairs] = np.where(same[pairs], buffered, 0.0)
-        associate(unconfirmed, high_left, p.unconfirmed_match_iou)
+        associate(young, high_left, p.unconfirmed_match_iou)
 
         matched = np.flatnonzero(row_det >= 0)
         if len(matched):
@@ -351,50 +283,65 @@ class CameraTracker:
                 tracks.mean[matched], tracks.cov[matched], z
             )
             tracks.hits[matched] += 1
-            tracks.last_s[matched] = t
+            tracks.last_s[matched] = row_t[matched]
             tracks.labels[matched] = label[row_det[matched]]
-        tracks.lost = confirmed & (row_det < 0)
-        drop = ~confirmed & (row_det < 0)  # an unconfirmed track that missed
-        promote = np.flatnonzero(~confirmed & (tracks.hits >= p.min_hits))
-        tracks.ids[promote] = self._new_ids(len(promote))
+        missed = row_det < 0
+        tracks.lost = np.where(active, confirmed & missed, tracks.lost)
+        drop = unconfirmed & missed  # an unconfirmed track that missed
+        promote = np.flatnonzero(unconfirmed & (tracks.hits >= p.min_hits))
+        tracks.ids[promote] = self._new_ids(tracks.cams[promote])
 
         new = np.flatnonzero(high & (det_row < 0) & (score >= p.new_track_score))
         if len(new):
             mean, cov = self.kalman.initiate(xyxy_to_xywh(boxes[new]))
-            confirm = first or p.min_hits <= 1
-            ids = self._new_ids(len(new)) if confirm else np.zeros(len(new), np.int64)
+            confirm = np.array([first[c] for c in det_cam[new].tolist()]) | (p.min_hits <= 1)
+            ids = np.zeros(len(new), np.int64)
+            ids[confirm] = self._new_ids(det_cam[new[confirm]])
             det_row[new] = len(tracks) + np.arange(len(new))
-            tracks.append(mean, cov, ids, label[new], t)
-            drop = np.concatenate([drop, np.zeros(len(new), np.bool_)])
+            tracks.append(det_cam[new], mean, cov, ids, label[new], det_t[new])
+            grown = np.zeros(len(new), np.bool_)
+            drop, active = np.concatenate([drop, grown]), np.concatenate([active, ~grown])
+            row_t = np.concatenate([row_t, det_t[new]])
 
-        drop |= tracks.lost & (t - tracks.last_s > p.lost_s)
-        drop |= self._duplicates()
-        return self._finish(det_row, drop)
+        with np.errstate(invalid="ignore"):  # rows of cameras not in the batch: NaN times
+            drop |= active & tracks.lost & (row_t - tracks.last_s > p.lost_s)
+        drop |= self._duplicates(active)
+        ids_out, velocities = self._finish(det_row, drop)
+        bounds = np.cumsum([0, *counts])
+        return [
+            TrackUpdate(ids_out[a:b], velocities[a:b])
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+        ]
 
-    def _new_ids(self, count: int) -> IntArray:
-        ids = np.arange(self._next_id, self._next_id + count, dtype=np.int64)
-        self._next_id += count
+    def _new_ids(self, cams: IntArray) -> IntArray:
+        """The next ids of these cameras' new tracks, in order: each camera counts up from 1."""
+        ids = np.empty(len(cams), np.int64)
+        for k, cam in enumerate(cams.tolist()):
+            ids[k] = self._next_id.get(cam, 1)
+            self._next_id[cam] = int(ids[k]) + 1
         return ids
 
-    def _duplicates(self) -> BoolArray:
-        """Rows to drop: of a tracked and a lost confirmed track covering the same place,
-        the one followed for less time (the reference implementation's rule)."""
+    def _duplicates(self, active: BoolArray) -> BoolArray:
+        """Rows to drop: of a tracked and a lost confirmed track of one camera covering the
+        same place, the one followed for less time (the reference implementation's rule)."""
         tracks = self._tracks
         drop = np.zeros(len(tracks), np.bool_)
-        confirmed = tracks.ids > 0
+        confirmed = active & (tracks.ids > 0)
         tracked = np.flatnonzero(confirmed & ~tracks.lost)
         lost = np.flatnonzero(confirmed & tracks.lost)
         if not len(tracked) or not len(lost):
             return drop
         boxes = xywh_to_xyxy(tracks.mean)
-        a, b = np.nonzero(box_iou(boxes[tracked], boxes[lost]) > DUPLICATE_IOU)
+        close = box_iou(boxes[tracked], boxes[lost]) > DUPLICATE_IOU
+        close &= tracks.cams[tracked][:, None] == tracks.cams[lost][None, :]
+        a, b = np.nonzero(close)
         age = tracks.last_s - tracks.first_s
         tracked_older = age[tracked[a]] > age[lost[b]]
         drop[lost[b[tracked_older]]] = True
         drop[tracked[a[~tracked_older]]] = True
         return drop
 
-    def _finish(self, det_row: IntArray, drop: BoolArray) -> TrackUpdate:
+    def _finish(self, det_row: IntArray, drop: BoolArray) -> tuple[IntArray, FloatArray]:
         """Each box's id and velocity, then the dropped tracks removed (ended ones counted)."""
         tracks = self._tracks
         n = len(det_row)
@@ -407,14 +354,16 @@ class CameraTracker:
         ids[has] = tracks.ids[rows]
         velocities[has] = tracks.velocities(rows)
         for row in np.flatnonzero(drop & (tracks.ids > 0)).tolist():
-            self._ended_s[int(tracks.ids[row])] = float(tracks.last_s[row] - tracks.first_s[row])
-        tracks.keep(~drop)
-        return TrackUpdate(ids, velocities)
+            ended = self._ended_s.setdefault(int(tracks.cams[row]), {})
+            ended[int(tracks.ids[row])] = float(tracks.last_s[row] - tracks.first_s[row])
+        if drop.any():
+            tracks.keep(~drop)
+        return ids, velocities
 
-    def tracks(self) -> tuple[TrackInfo, ...]:
-        """The live confirmed tracks (tracked and lost), by id."""
+    def tracks(self, camera: int) -> tuple[TrackInfo, ...]:
+        """A camera's live confirmed tracks (tracked and lost), by id."""
         tr = self._tracks
-        rows = np.flatnonzero(tr.ids > 0)
+        rows = np.flatnonzero((tr.ids > 0) & (tr.cams == camera))
         rows = rows[np.argsort(tr.ids[rows])]
         boxes = xywh_to_xyxy(tr.mean[rows]).tolist()
         velocities = tr.velocities(rows).tolist()
@@ -432,16 +381,61 @@ class CameraTracker:
             for row, box, v in zip(rows.tolist(), boxes, velocities, strict=True)
         )
 
-    def lifetimes_s(self) -> tuple[float, ...]:
-        """How long each confirmed track, ended or live, has lasted (first to latest box),
-        in seconds, by track id."""
-        lifetimes = dict(self._ended_s)
+    def lifetimes_s(self, camera: int) -> tuple[float, ...]:
+        """How long each of a camera's confirmed tracks, ended or live, has lasted (first to
+        latest box), in seconds, by track id."""
+        lifetimes = dict(self._ended_s.get(camera, {}))
         tr = self._tracks
-        for row in np.flatnonzero(tr.ids > 0).tolist():
+        for row in np.flatnonzero((tr.ids > 0) & (tr.cams == camera)).tolist():
             lifetimes[int(tr.ids[row])] = float(tr.last_s[row] - tr.first_s[row])
         return tuple(lifetimes[k] for k in sorted(lifetimes))
+
+    def ended_count(self, camera: int) -> int:
+        """How many of a camera's confirmed tracks have ended (lost for longer than
+        `lost_s`, or merged)."""
+        return len(self._ended_s.get(camera, {}))
+
+
+class CameraTracker:
+    """ByteTrack for one camera: a `ByteTracker` of that camera alone.
+
+    Args:
+        params: the tracker's settings.
+        kalman: the motion model's constants.
+    """
+
+    def __init__(
+        self, params: TrackParams | None = None, *, kalman: BoxKalman | None = None
+    ) -> None:
+        self._core = ByteTracker(params, kalman=kalman)
+
+    @property
+    def params(self) -> TrackParams:
+        return self._core.params
+
+    @property
+    def kalman(self) -> BoxKalman:
+        return self._core.kalman
+
+    def update(
+        self, xyxy: FloatArray, scores: FloatArray, labels: IntArray, t_s: float
+    ) -> TrackUpdate:
+        """Track one frame's boxes (`CameraBoxes` says what each argument is).
+
+        Raises:
+            ValueError: arrays of mismatched shapes, or `t_s` not after the previous one.
+        """
+        return self._core.update([CameraBoxes(0, xyxy, scores, labels, t_s)])[0]
+
+    def tracks(self) -> tuple[TrackInfo, ...]:
+        """The live confirmed tracks (tracked and lost), by id."""
+        return self._core.tracks(0)
+
+    def lifetimes_s(self) -> tuple[float, ...]:
+        """How long each confirmed track, ended or live, has lasted, in seconds, by id."""
+        return self._core.lifetimes_s(0)
 
     @property
     def ended_count(self) -> int:
         """How many confirmed tracks have ended (lost for longer than `lost_s`, or merged)."""
-        return len(self._ended_s)
+        return self._core.ended_count(0)

@@ -111,6 +111,8 @@ class _Object:
 
 def _mean_place(group: Sequence[Observation]) -> npt.NDArray[np.float64]:
     """The sightings' places, averaged; a box cut by the image's side weighs a fifth."""
+    if len(group) == 1:  # the common case, without the weighing
+        return np.array(group[0].xy, np.float64)
     weights = np.array([0.2 if o.truncated else 1.0 for o in group])
     places = np.array([o.xy for o in group], np.float64)
     return np.asarray(weights @ places / weights.sum(), np.float64)
@@ -120,8 +122,8 @@ def _kind(class_name: str) -> str:
     return _KIND.get(class_name, class_name)
 
 
-def _gate(params: FusionParams, xy: npt.NDArray[np.float64]) -> float:
-    return params.gate_m + params.gate_per_m * float(np.hypot(xy[0], xy[1]))
+def _gate(params: FusionParams, xy: npt.NDArray[np.float64] | tuple[float, float]) -> float:
+    return params.gate_m + params.gate_per_m * math.hypot(float(xy[0]), float(xy[1]))
 
 
 class RigFusion:
@@ -279,8 +281,9 @@ class RigFusion:
             or _kind(obj.class_name) != _kind(obs.class_name)
         ):
             return False
-        xy = np.asarray(obs.xy)
-        return float(np.hypot(*(xy - self._where(gid, now, t_s)))) <= 3 * _gate(self.params, xy)
+        x, y = obs.xy
+        wx, wy = self._where(gid, now, t_s).tolist()
+        return math.hypot(x - wx, y - wy) <= 3 * _gate(self.params, obs.xy)
 
     def _match(
         self,
@@ -320,7 +323,7 @@ class RigFusion:
         `merge_m` (plus 3 % of range) of each other, the younger id joins the older."""
         close: dict[tuple[int, int], int] = {}
         ids = sorted(now)
-        places = {gid: _mean_place(now[gid]) for gid in ids}
+        places = {gid: _mean_place(now[gid]).tolist() for gid in ids}
         cameras = {gid: {o.camera for o in now[gid]} for gid in ids}
         for k, gid in enumerate(ids):
             for other in ids[k + 1 :]:
@@ -328,8 +331,9 @@ class RigFusion:
                     continue
                 if _kind(self._objects[gid].class_name) != _kind(self._objects[other].class_name):
                     continue
-                gap = float(np.hypot(*(places[gid] - places[other])))
-                reach = self.params.merge_m + 0.03 * float(np.hypot(*places[gid]))
+                (x, y), (ox, oy) = places[gid], places[other]
+                gap = math.hypot(x - ox, y - oy)
+                reach = self.params.merge_m + 0.03 * math.hypot(x, y)
                 if self._rough(gid, now) or self._rough(other, now):
                     reach *= ROUGH_GATE
                 if gap <= reach:

@@ -113,17 +113,22 @@ class BoxKalman:
         return mean, cov
 
     def predict(
-        self, mean: FloatArray, cov: FloatArray, dt_s: float
+        self, mean: FloatArray, cov: FloatArray, dt_s: float | FloatArray
     ) -> tuple[FloatArray, FloatArray]:
         """States `dt_s` seconds later: positions move by their velocities; the covariance
         grows by the motion and by process noise in proportion to `dt_s`.
 
+        Args:
+            mean: states `(T, 8)`.
+            cov: their covariances `(T, 8, 8)`.
+            dt_s: the elapsed time, one for all or one per state `(T,)`.
+
         Returns:
             new means `(T, 8)` and covariances `(T, 8, 8)` (the inputs are not changed).
         """
-        if not dt_s >= 0:
+        dt = np.broadcast_to(np.asarray(dt_s, np.float64), (len(mean),))
+        if not (dt >= 0).all():
             raise ValueError(f"dt_s must be >= 0, got {dt_s!r}")
-        steps = dt_s / self.reference_frame_s
         size = self._sizes(mean)
         q = np.concatenate(
             [
@@ -132,12 +137,21 @@ class BoxKalman:
             ],
             axis=1,
         )
-        motion = np.eye(8)
-        motion[:4, 4:] = dt_s * np.eye(4)
-        new_mean = mean @ motion.T
-        new_cov = motion @ cov @ motion.T
+        new_mean = mean.copy()
+        new_mean[:, :4] += dt[:, None] * mean[:, 4:]
+        # F P F^T for F = [[I, dt I], [0, I]], by blocks (P = [[A, B], [B^T, C]]): a few
+        # elementwise operations instead of two batched matrix products
+        d = dt[:, None, None]
+        a, b, c = cov[:, :4, :4], cov[:, :4, 4:], cov[:, 4:, 4:]
+        bt = b.transpose(0, 2, 1)
+        dc = d * c
+        new_cov = np.empty_like(cov)
+        new_cov[:, :4, :4] = a + d * (b + bt) + d * dc
+        new_cov[:, :4, 4:] = b + dc
+        new_cov[:, 4:, :4] = bt + dc
+        new_cov[:, 4:, 4:] = c
         diag = np.arange(8)
-        new_cov[:, diag, diag] += steps * q
+        new_cov[:, diag, diag] += (dt / self.reference_frame_s)[:, None] * q
         return new_mean, new_cov
 
     def project(self, mean: FloatArray, cov: FloatArray) -> tuple[FloatArray, FloatArray]:

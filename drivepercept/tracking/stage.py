@@ -2,26 +2,29 @@
 
 `RigTracker` is called on the pipeline's completion thread with each batch's results, after
 detection and before the outputs (so it never holds up the engine, whose next batch is
-already running). Each camera's boxes go through its own `CameraTracker` (ByteTrack) at the
-frame's own time (its stamp or pts: frames a live camera dropped make a longer step, not a
-wrong one); the confirmed tracks are placed on the ground and joined across cameras by
-`RigFusion`; the results come back with `track_ids`, `velocities` and `global_ids` in their
-`Detections`, and the batch's `RigStep` goes to `on_step` (objects.jsonl).
+already running). The batch's boxes go through one `ByteTracker` (ByteTrack, each camera's
+tracks its own, all of the batch's cameras in one pass) at each frame's own time (its stamp
+or pts: frames a live camera dropped make a longer step, not a wrong one); the confirmed
+tracks are placed on the ground and joined across cameras by `RigFusion`; the results come
+back with `track_ids`, `velocities` and `global_ids` in their `Detections`, and the batch's
+`RigStep` goes to `on_step` (objects.jsonl).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from drivepercept.rig import CameraConfig
-from drivepercept.tracking.bytetrack import CameraTracker, TrackParams
+from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
 from drivepercept.tracking.fusion import FusionParams, Observation, RigFusion
-from drivepercept.types import Detections, FrameResult
+from drivepercept.tracking.track_table import CameraBoxes
+from drivepercept.types import FrameResult
 from drivepercept.types.objects import RigStep
 
 
@@ -62,7 +65,8 @@ class RigTracker:
         on_step: Callable[[RigStep], None] | None = None,
     ) -> None:
         self.params = params or TrackParams()
-        self._trackers = {c.name: CameraTracker(self.params) for c in cameras}
+        self._tracker = ByteTracker(self.params)
+        self._keys = {c.name: k for k, c in enumerate(cameras)}  # camera name -> tracker key
         self._last_t: dict[str, float] = {}
         self.fusion = RigFusion(cameras, fusion)
         self.on_step = on_step
@@ -76,64 +80,94 @@ class RigTracker:
         self._last_t[result.camera] = t
         return t
 
+    def _track(self, frames: list[CameraBoxes]) -> list[TrackUpdate]:
+        """The tracker's answer for each frame: a batch holds one frame per camera, but a
+        camera that comes twice is tracked in a second pass, after its first frame."""
+        updates: list[TrackUpdate] = []
+        start = 0
+        for k, frame in enumerate(frames):
+            if any(f.camera == frame.camera for f in frames[start:k]):
+                updates += self._tracker.update(frames[start:k])
+                start = k
+        return updates + self._tracker.update(frames[start:])
+
     def __call__(self, results: list[FrameResult]) -> list[FrameResult]:
-        tracked: list[tuple[FrameResult, Detections]] = []
+        frames = [
+            CameraBoxes(
+                self._keys.setdefault(r.camera, len(self._keys)),
+                np.asarray(r.detections.xyxy, np.float64),
+                np.asarray(r.detections.scores, np.float64),
+                np.asarray(r.detections.labels),
+                self._time(r),
+            )
+            for r in results
+        ]
+        updates = self._track(frames)
         observations: list[Observation] = []
-        for result in results:
-            det = result.detections
-            tracker = self._trackers.setdefault(result.camera, CameraTracker(self.params))
-            boxes = np.asarray(det.xyxy, np.float64)
-            update = tracker.update(
-                boxes, np.asarray(det.scores, np.float64), det.labels, self._time(result)
-            )
-            ids = np.asarray(update.track_ids, np.int64)
-            moves = np.asarray(update.velocities, np.float32)
-            tracked.append((result, dataclasses.replace(det, track_ids=ids, velocities=moves)))
-            if not self.fusion.placing or not (ids >= 0).any():
-                continue
-            size = result.meta.letterbox.src_size
-            names = det.names
-            keep = np.flatnonzero(ids >= 0)  # only confirmed tracks are placed and joined
-            kept = boxes[keep]
-            xy = self.fusion.place(result.camera, kept, size, [names[k] for k in keep])
-            cut = self.fusion.truncated(kept, size)
-            for j, k in enumerate(keep.tolist()):
-                if not np.isfinite(xy[j]).all():
-                    continue
-                box = kept[j].tolist()
-                observations.append(
-                    Observation(
-                        camera=result.camera,
-                        track_id=int(ids[k]),
-                        class_name=names[k],
-                        xyxy=(box[0], box[1], box[2], box[3]),
-                        xy=(float(xy[j, 0]), float(xy[j, 1])),
-                        truncated=bool(cut[j]),
-                    )
-                )
-        if not self.fusion.placing or not results:
-            return [dataclasses.replace(r, detections=d) for r, d in tracked]
-        newest = max(results, key=lambda r: r.stamp_ns)
-        links, objects = self.fusion.step(newest.stamp_ns / 1e9, observations)
+        if self.fusion.placing:
+            for result, frame, update in zip(results, frames, updates, strict=True):
+                observations += self._observations(result, frame.xyxy, update.track_ids)
+        links: Mapping[tuple[str, int], int] | None = None
+        if self.fusion.placing and results:
+            newest = max(results, key=lambda r: r.stamp_ns)
+            links, objects = self.fusion.step(newest.stamp_ns / 1e9, observations)
+            if self.on_step is not None:
+                self.on_step(RigStep(newest.frame_index, newest.pts_s, newest.stamp_ns, objects))
         out = []
-        for result, det in tracked:
-            assert det.track_ids is not None
-            gids = np.array(
-                [links.get((result.camera, int(t)), -1) for t in det.track_ids.tolist()],
-                np.int64,
+        for result, update in zip(results, updates, strict=True):
+            ids = update.track_ids
+            gids = None
+            if links is not None:
+                tracks = ids.tolist()
+                gids = np.array([links.get((result.camera, t), -1) for t in tracks], np.int64)
+            det = dataclasses.replace(
+                result.detections,
+                track_ids=ids,
+                velocities=update.velocities.astype(np.float32),
+                global_ids=gids,
             )
-            out.append(
-                dataclasses.replace(result, detections=dataclasses.replace(det, global_ids=gids))
-            )
-        if self.on_step is not None:
-            self.on_step(RigStep(newest.frame_index, newest.pts_s, newest.stamp_ns, objects))
+            out.append(dataclasses.replace(result, detections=det))
         return out
+
+    def _observations(
+        self, result: FrameResult, boxes: npt.NDArray[np.float64], ids: npt.NDArray[np.int64]
+    ) -> list[Observation]:
+        """A frame's confirmed tracks placed on the ground (those that can be)."""
+        keep = np.flatnonzero(ids >= 0)  # only confirmed tracks are placed and joined
+        if not len(keep):
+            return []
+        size = result.meta.letterbox.src_size
+        names = result.detections.names
+        kept = boxes[keep]
+        xy = self.fusion.place(result.camera, kept, size, [names[k] for k in keep])
+        cut: list[bool] = self.fusion.truncated(kept, size).tolist()
+        placed: list[bool] = np.isfinite(xy).all(axis=1).astype(np.bool_).tolist()
+        return [
+            Observation(
+                camera=result.camera,
+                track_id=track,
+                class_name=names[k],
+                xyxy=(box[0], box[1], box[2], box[3]),
+                xy=(x, y),
+                truncated=truncated,
+            )
+            for k, track, box, (x, y), truncated, ok in zip(
+                keep.tolist(),
+                ids[keep].tolist(),
+                kept.tolist(),
+                xy.tolist(),
+                cut,
+                placed,
+                strict=True,
+            )
+            if ok
+        ]
 
     def summary(self) -> TrackingSummary:
         """Tracks per camera and their lifetimes, and the rig's objects, so far."""
         cameras = {}
-        for name, tracker in self._trackers.items():
-            lifetimes = list(tracker.lifetimes_s())
+        for name, key in self._keys.items():
+            lifetimes = list(self._tracker.lifetimes_s(key))
             cameras[name] = CameraTracks(
                 tracks=len(lifetimes),
                 lifetime_median_s=round(statistics.median(lifetimes), 3) if lifetimes else 0.0,
