@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import cv2
 import pytest
 import thirdparty
 from standins import (
@@ -139,8 +140,11 @@ def in_process(
     as on the command line (a handler on stderr), and taken down again afterwards."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    for name in ("OPENCV_LOG_LEVEL", "OPENCV_FFMPEG_LOGLEVEL"):  # main sets them
-        monkeypatch.delenv(name, raising=False)
+    for name in ("OPENCV_LOG_LEVEL", "OPENCV_FFMPEG_LOGLEVEL"):  # main sets them: put back after
+        monkeypatch.setenv(name, "")  # (delenv of an unset name would record nothing to undo)
+        monkeypatch.delenv(name)
+
+    opencv_level = cv2.utils.logging.getLogLevel()  # main lowers it too
 
     def call(argv: list[str]) -> tuple[int, str]:
         capsys.readouterr()
@@ -152,6 +156,7 @@ def in_process(
         finally:
             root.handlers[:] = handlers
             root.setLevel(level)
+            cv2.utils.logging.setLogLevel(opencv_level)
         return code, capsys.readouterr().err
 
     return call

@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -376,12 +376,17 @@ def _eval_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_bad_labelled_data_is_one_line(tmp_path: Path) -> None:
+def test_cli_bad_labelled_data_is_one_line(
+    tmp_path: Path, in_process: Callable[[list[str]], tuple[int, str]]
+) -> None:
+    # in this process; test_eval.py's test_bad_eval_input_is_one_clear_line[corrupt] runs the
+    # real eval command on bad input
     seq = _mot_sequence(tmp_path, "1,1,1,1,5\n")
-    proc = _eval_cli(str(seq), "--model", ORACLE, "--weights", "none", "--out", str(tmp_path))
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and "line 1: expected frame" in proc.stderr
-    assert "Traceback" not in proc.stderr and not list(tmp_path.glob("eval-*"))
+    argv = ["eval", str(seq), "--model", ORACLE, "--weights", "none", "--out", str(tmp_path)]
+    code, err = in_process([*argv, "--no-progress"])
+    assert code == 2, err
+    assert err.count("\n") == 1 and "line 1: expected frame" in err, err
+    assert "Traceback" not in err and not list(tmp_path.glob("eval-*"))
 
 
 def test_an_image_the_reader_skips_is_an_error_not_shifted_frames(tmp_path: Path) -> None:

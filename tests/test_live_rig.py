@@ -131,6 +131,9 @@ def test_latency_stays_flat_and_every_drop_is_counted(tmp_path: Path, server: Ca
         assert gaps <= cam.dropped <= gaps + 1, (cam.name, gaps, cam.dropped)
 
 
+# 15 s; reconnection is covered by test_faults.py's
+# test_a_camera_that_stalls_without_closing_is_reconnected_and_the_other_goes_on
+@pytest.mark.slow
 def test_camera_server_outage_and_reconnect(tmp_path: Path) -> None:
     # given two servers: A with two cameras, B with one
     port_a = _free_port()
@@ -214,6 +217,7 @@ def _cli(command: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow  # 12 s; test_live.py's test_live_rig_carries_on_when_one_camera_fails_for_good
 def test_a_refused_camera_fails_while_the_others_run(tmp_path: Path, server: CameraServer) -> None:
     dead = f"http://127.0.0.1:{_free_port()}/nothing.mjpg"
     args = [f"--camera={n}={server.url(n)}" for n in NAMES[:3]] + [f"--camera=bad={dead}"]
@@ -311,6 +315,9 @@ def test_no_camera_ever_delivering_is_a_failure_not_success(
     assert record["status"] == "failed" and record["error"].startswith("no camera delivered")
 
 
+# 14 s; pacing is covered by test_live.py's test_realtime_file_is_paced_at_its_frame_rate,
+# counted drops by test_pipeline.py's test_drop_oldest_keeps_queues_bounded_and_counts_drops
+@pytest.mark.slow
 def test_realtime_replay_keeps_up_or_counts_every_drop(tmp_path: Path) -> None:
     proc = _cli(
         "replay",

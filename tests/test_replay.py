@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cv2
@@ -479,8 +479,14 @@ RIG = str(SAMPLE_RIG)
     ],
 )
 def test_bad_replay_input_is_one_clear_line(
-    tmp_path: Path, make: str | None, args: list[str], message: str
+    tmp_path: Path,
+    make: str | None,
+    args: list[str],
+    message: str,
+    in_process: Callable[[list[str]], tuple[int, str]],
 ) -> None:
+    # in this process (the real command's stderr, OpenCV's and FFmpeg's lines included, is
+    # test_bad_input.py's test_the_real_command_prints_one_line[replay-text-as-video])
     if make == "text":
         (tmp_path / "notvideo.mp4").write_text("this is not a video\n" * 100)
     elif make == "garbage":
@@ -497,12 +503,12 @@ def test_bad_replay_input_is_one_clear_line(
     argv = [a.format(tmp=tmp_path) for a in args]
     if "--weights" not in argv:
         argv += ["--weights", "none"]
-    proc = _run("replay", *argv, "--out", str(tmp_path / "runs"), "--no-progress")
+    code, err = in_process(["replay", *argv, "--out", str(tmp_path / "runs"), "--no-progress"])
     # bad input (2); a cut video is processed to its last decodable frame: partial (3)
-    assert proc.returncode == (3 if make == "cut" else 2), proc.stderr
-    assert message in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert code == (3 if make == "cut" else 2), err
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
 
 
 def test_ctrl_c_stops_quickly_and_leaves_valid_outputs(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -289,16 +290,11 @@ def test_compare_two_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 # --- run folders in a bad state -------------------------------------------------------------
 
 
-def test_report_cli_bad_folders_are_one_line(tmp_path: Path) -> None:
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "drivepercept", "report", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
+def test_report_cli_bad_folders_are_one_line(
+    tmp_path: Path, in_process: Callable[[list[str]], tuple[int, str]]
+) -> None:
+    # in this process (test_bad_input.py's test_the_real_command_prints_one_line[report-partial]
+    # runs the real command)
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
     for args, message in [
@@ -308,10 +304,10 @@ def test_report_cli_bad_folders_are_one_line(tmp_path: Path) -> None:
         ((str(tmp_path / "empty"), "--format", "pdf"), "report formats are"),
         ((str(tmp_path / "empty"), "--budget-ms", "-1"), "budget_ms must be > 0"),
     ]:
-        proc = run(*args)
-        assert proc.returncode != 0, args
-        assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr
+        code, err = in_process(["report", *args])
+        assert code != 0, args
+        assert err.count("\n") == 1 and message in err, err
+        assert "Traceback" not in err
 
 
 def test_corrupt_frames_csv_line_is_named_and_the_rest_reported(
