@@ -1,6 +1,6 @@
 """What a replay's options cost: the same rig replayed in variants, interleaved, in one run.
 
-    python3 scripts/bench_replay_variants.py --rounds 3
+    python3 scripts/bench_replay_variants.py --rounds 6
 
 Variants (each a whole replay of the bundled sample rig, 6 cameras x 120 frames at 640x360,
 with `drivepercept-tiny` on the default runtime, no report):
@@ -13,7 +13,8 @@ with `drivepercept-tiny` on the default runtime, no report):
   under 5 % of replay frames/s).
 
 Rounds interleave the variants (absolute timings drift 20-30 % on a shared machine; the
-ratios within a round do not), and the printed table gives each round's frames/s and each
+ratios within a round do not), in an order that rotates from round to round (a run's place
+in its round biases it), and the printed table gives each round's frames/s and each
 variant's ratio to the baseline of its round, then the median ratio. Nothing is downloaded;
 the MCAP rig is simulated once into a temporary folder.
 """
@@ -59,7 +60,7 @@ def _replay(source: Path, out: Path, *, track: bool, threads: int) -> tuple[floa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6, help="a multiple of 3 (rotation)")
     parser.add_argument("--threads", type=int, default=0, help="torch/ORT threads (0: cores)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,9 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         variants = {"mp4": (SAMPLE, False), "mcap": (mcap, False), "mp4 --track": (SAMPLE, True)}
         _replay(SAMPLE, root / "warm", track=True, threads=args.threads)  # caches, imports
         fps: dict[str, list[float]] = {name: [] for name in variants}
+        names = list(variants)
         for k in range(args.rounds):
             line = []
-            for name, (source, track) in variants.items():
+            # each round starts one variant later: a run's place in its round biases it (the
+            # last runs of a round measured up to 6 % faster than the first here), so every
+            # variant takes every place equally often over a multiple of len(variants) rounds
+            for name in names[k % len(names) :] + names[: k % len(names)]:
+                source, track = variants[name]
                 rate, frames = _replay(source, root / f"r{k}", track=track, threads=args.threads)
                 fps[name].append(rate)
                 line.append(f"{name} {rate:.1f} ({frames} frames)")

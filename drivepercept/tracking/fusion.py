@@ -325,18 +325,17 @@ class RigFusion:
         ids = sorted(now)
         places = {gid: _mean_place(now[gid]).tolist() for gid in ids}
         cameras = {gid: {o.camera for o in now[gid]} for gid in ids}
+        kinds = {gid: _kind(self._objects[gid].class_name) for gid in ids}
+        rough = {gid: self._rough(gid, now) for gid in ids}
         for k, gid in enumerate(ids):
+            (x, y), seen, kind = places[gid], cameras[gid], kinds[gid]
+            reach = self.params.merge_m + 0.03 * math.hypot(x, y)
             for other in ids[k + 1 :]:
-                if cameras[gid] & cameras[other]:
+                if kinds[other] != kind or seen & cameras[other]:
                     continue
-                if _kind(self._objects[gid].class_name) != _kind(self._objects[other].class_name):
-                    continue
-                (x, y), (ox, oy) = places[gid], places[other]
-                gap = math.hypot(x - ox, y - oy)
-                reach = self.params.merge_m + 0.03 * math.hypot(x, y)
-                if self._rough(gid, now) or self._rough(other, now):
-                    reach *= ROUGH_GATE
-                if gap <= reach:
+                ox, oy = places[other]
+                wide = ROUGH_GATE if rough[gid] or rough[other] else 1.0
+                if math.hypot(x - ox, y - oy) <= reach * wide:
                     close[(gid, other)] = self._close.get((gid, other), 0) + 1
         self._close = close
         for (gid, other), steps in sorted(close.items()):
@@ -367,14 +366,19 @@ class RigFusion:
             obj.velocity = v if obj.velocity is None else 0.5 * obj.velocity + 0.5 * v
         obj.xy, obj.t_s, obj.placed = xy, t_s, obj.placed + 1
         obj.rough = all(o.truncated for o in group)
-        obj.class_name = max((o.class_name for o in group), key=[o.class_name for o in group].count)
-        speed = None if obj.velocity is None else float(np.hypot(*obj.velocity))
+        if len(group) > 1:  # the class most of its sightings say
+            names = [o.class_name for o in group]
+            obj.class_name = max(names, key=names.count)
+        else:
+            obj.class_name = group[0].class_name
+        speed = None if obj.velocity is None else math.hypot(*obj.velocity.tolist())
+        x, y = xy.tolist()
         return RigObject(
             id=gid,
             class_name=obj.class_name,
-            x_m=round(float(xy[0]), 3),
-            y_m=round(float(xy[1]), 3),
-            range_m=round(float(np.hypot(xy[0], xy[1])), 3),
+            x_m=round(x, 3),
+            y_m=round(y, 3),
+            range_m=round(math.hypot(x, y), 3),
             speed_mps=None if speed is None else round(speed, 3),
             sightings=tuple(Sighting(o.camera, o.track_id, o.xyxy) for o in group),
         )
