@@ -168,25 +168,46 @@ def ground_points(
     cannot place it. A camera below the ground or at it places nothing.
     """
     uv = np.asarray(uv, np.float64).reshape(-1, 2)
-    height = extrinsics.position_m[2]
+    if rotation is None:
+        rotation = camera_rotation(extrinsics)
+    n = len(uv)
+    k = np.array([[intrinsics.fx, intrinsics.fy, intrinsics.cx, intrinsics.cy]])
+    return ground_points_of_rows(
+        uv,
+        np.repeat(k, n, axis=0),
+        np.broadcast_to(rotation, (n, 3, 3)),
+        np.repeat(np.asarray([extrinsics.position_m], np.float64), n, axis=0),
+        max_range_m=max_range_m,
+    )
+
+
+def ground_points_of_rows(
+    uv: npt.NDArray[np.float64],
+    intrinsics: npt.NDArray[np.float64],
+    rotations: npt.NDArray[np.float64],
+    positions: npt.NDArray[np.float64],
+    *,
+    max_range_m: float = 100.0,
+) -> npt.NDArray[np.float64]:
+    """`ground_points` with each pixel's own camera: `uv` `(N, 2)`, `intrinsics` `(N, 4)`
+    as (fx, fy, cx, cy), `rotations` `(N, 3, 3)` (`camera_rotation`) and `positions`
+    `(N, 3)` (the mounts, metres), so that the pixels of a whole rig are placed at once."""
     out = np.full((len(uv), 2), np.nan)
-    if not len(uv) or height <= 0:
+    if not len(uv):
         return out
     rays_cam = np.stack(
         [
-            (uv[:, 0] - intrinsics.cx) / intrinsics.fx,
-            (uv[:, 1] - intrinsics.cy) / intrinsics.fy,
+            (uv[:, 0] - intrinsics[:, 2]) / intrinsics[:, 0],
+            (uv[:, 1] - intrinsics[:, 3]) / intrinsics[:, 1],
             np.ones(len(uv)),
         ],
         axis=1,
     )
-    if rotation is None:
-        rotation = camera_rotation(extrinsics)
-    rays = rays_cam @ rotation  # camera -> ego: R^T applied row-wise
-    down = rays[:, 2] < -1e-9
+    rays = np.einsum("nk,nkj->nj", rays_cam, rotations)  # camera -> ego: R^T, row by row
+    height = positions[:, 2]
+    down = (rays[:, 2] < -1e-9) & (height > 0)  # a camera at or below the ground: nothing
     scale = np.where(down, height / np.where(down, -rays[:, 2], 1.0), np.nan)
     hit = rays[:, :2] * scale[:, None]
     far = ~(np.hypot(hit[:, 0], hit[:, 1]) <= max_range_m)
     hit[far] = np.nan
-    out = hit + np.asarray(extrinsics.position_m[:2])
-    return np.asarray(out, np.float64)
+    return np.asarray(hit + positions[:, :2], np.float64)

@@ -33,7 +33,7 @@ import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
 from drivepercept.errors import ConfigError
-from drivepercept.geometry import Extrinsics, Intrinsics, camera_rotation, ground_points
+from drivepercept.geometry import Extrinsics, Intrinsics, camera_rotation, ground_points_of_rows
 from drivepercept.rig import CameraConfig
 from drivepercept.types.objects import RigObject, Sighting
 
@@ -152,7 +152,7 @@ class RigFusion:
                 "tracking: camera(s) %s have no geometry; their tracks are not joined with "
                 "the others", ", ".join(missing)
             )  # fmt: skip
-        self._rotations: dict[str, npt.NDArray[np.float64]] = {}
+        self._rows: dict[str, npt.NDArray[np.float64]] = {}
         self._links: dict[tuple[str, int], int] = {}
         self._close: dict[tuple[int, int], int] = {}  # object pairs close for n steps
         self._objects: dict[int, _Object] = {}
@@ -179,29 +179,66 @@ class RigFusion:
         A box's bottom centre is where the object's near side meets the ground; its centre
         is about half its depth farther along the camera's line of sight (`HALF_DEPTH_M` of
         its class), so that two cameras seeing different sides place it alike."""
-        boxes = np.asarray(xyxy, np.float64).reshape(-1, 4)
-        geometry = self._geometry.get(camera)
-        if geometry is None:
-            return np.full((len(boxes), 2), np.nan)
-        intrinsics, extrinsics, size = geometry
-        uv = np.stack([(boxes[:, 0] + boxes[:, 2]) / 2, boxes[:, 3]], axis=1)
-        if size is not None and size != frame_size and size[0] > 0 and size[1] > 0:
-            # the rig's intrinsics are for its size: a frame of another size scales them
-            uv = uv * np.array([size[0] / frame_size[0], size[1] / frame_size[1]])
-        rotation = self._rotations.get(camera)
-        if rotation is None:
-            rotation = self._rotations[camera] = camera_rotation(extrinsics)
-        xy = ground_points(
-            uv, intrinsics, extrinsics, max_range_m=self.params.max_range_m, rotation=rotation
-        )
-        self._check_placing(camera, xy)
-        if len(class_names):
-            depth = np.array([HALF_DEPTH_M.get(n, 0.0) for n in class_names])
-            sight = xy - np.asarray(extrinsics.position_m[:2])
+        return self.place_all([(camera, xyxy, frame_size, class_names)])[0]
+
+    def place_all(
+        self,
+        frames: Sequence[tuple[str, npt.NDArray[np.float64], tuple[int, int], Sequence[str]]],
+    ) -> list[npt.NDArray[np.float64]]:
+        """`place` for several frames (camera, boxes, frame size, class names) at once: the
+        projection of a whole batch's boxes is one set of array operations."""
+        uv_parts, rows, depths, counts = [], [], [], []
+        for camera, xyxy, frame_size, class_names in frames:
+            boxes = np.asarray(xyxy, np.float64).reshape(-1, 4)
+            geometry = self._geometry.get(camera)
+            if geometry is None or not len(boxes):
+                counts.append(-len(boxes))  # unplaced: NaN rows
+                continue
+            size = geometry[2]
+            uv = np.stack([(boxes[:, 0] + boxes[:, 2]) / 2, boxes[:, 3]], axis=1)
+            if size is not None and size != frame_size and size[0] > 0 and size[1] > 0:
+                # the rig's intrinsics are for its size: a frame of another size scales them
+                uv = uv * np.array([size[0] / frame_size[0], size[1] / frame_size[1]])
+            uv_parts.append(uv)
+            rows.append(np.repeat(self._row(camera)[None, :], len(boxes), axis=0))
+            names = class_names if len(class_names) else [""] * len(boxes)
+            depths.append(np.array([HALF_DEPTH_M.get(n, 0.0) for n in names], np.float64))
+            counts.append(len(boxes))
+        xy_all = np.zeros((0, 2))
+        if uv_parts:
+            row = np.concatenate(rows)  # fx, fy, cx, cy, the rotation's 9, the mount's 3
+            xy_all = ground_points_of_rows(
+                np.concatenate(uv_parts),
+                row[:, :4],
+                row[:, 4:13].reshape(-1, 3, 3),
+                row[:, 13:16],
+                max_range_m=self.params.max_range_m,
+            )
+            sight = xy_all - row[:, 13:15]
             dist = np.hypot(sight[:, 0], sight[:, 1])
+            depth = np.concatenate(depths)
             with np.errstate(invalid="ignore", divide="ignore"):
-                xy = xy + sight * (depth / np.where(dist > 0, dist, np.inf))[:, None]
-        return xy
+                xy_all = xy_all + sight * (depth / np.where(dist > 0, dist, np.inf))[:, None]
+        out, start = [], 0
+        for (camera, *_), count in zip(frames, counts, strict=True):
+            if count <= 0:
+                out.append(np.full((-count, 2), np.nan))
+                continue
+            xy = xy_all[start : start + count]
+            start += count
+            self._check_placing(camera, xy)
+            out.append(xy)
+        return out
+
+    def _row(self, camera: str) -> npt.NDArray[np.float64]:
+        """A placed camera's constants for `ground_points_of_rows`, as one row."""
+        row = self._rows.get(camera)
+        if row is None:
+            intrinsics, extrinsics, _ = self._geometry[camera]
+            k = [intrinsics.fx, intrinsics.fy, intrinsics.cx, intrinsics.cy]
+            rotation = camera_rotation(extrinsics).ravel().tolist()
+            row = self._rows[camera] = np.array([*k, *rotation, *extrinsics.position_m])
+        return row
 
     def truncated(
         self, xyxy: npt.NDArray[np.float64], frame_size: tuple[int, int]

@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from drivepercept.rig import CameraConfig
 from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
@@ -103,10 +102,7 @@ class RigTracker:
             for r in results
         ]
         updates = self._track(frames)
-        observations: list[Observation] = []
-        if self.fusion.placing:
-            for result, frame, update in zip(results, frames, updates, strict=True):
-                observations += self._observations(result, frame.xyxy, update.track_ids)
+        observations = self._observations(results, frames, updates) if self.fusion.placing else []
         links: Mapping[tuple[str, int], int] | None = None
         if self.fusion.placing and results:
             newest = max(results, key=lambda r: r.stamp_ns)
@@ -130,38 +126,42 @@ class RigTracker:
         return out
 
     def _observations(
-        self, result: FrameResult, boxes: npt.NDArray[np.float64], ids: npt.NDArray[np.int64]
+        self,
+        results: Sequence[FrameResult],
+        frames: Sequence[CameraBoxes],
+        updates: Sequence[TrackUpdate],
     ) -> list[Observation]:
-        """A frame's confirmed tracks placed on the ground (those that can be)."""
-        keep = np.flatnonzero(ids >= 0)  # only confirmed tracks are placed and joined
-        if not len(keep):
-            return []
-        size = result.meta.letterbox.src_size
-        names = result.detections.names
-        kept = boxes[keep]
-        xy = self.fusion.place(result.camera, kept, size, [names[k] for k in keep])
-        cut: list[bool] = self.fusion.truncated(kept, size).tolist()
-        placed: list[bool] = np.isfinite(xy).all(axis=1).astype(np.bool_).tolist()
-        return [
-            Observation(
-                camera=result.camera,
-                track_id=track,
-                class_name=names[k],
-                xyxy=(box[0], box[1], box[2], box[3]),
-                xy=(x, y),
-                truncated=truncated,
-            )
-            for k, track, box, (x, y), truncated, ok in zip(
-                keep.tolist(),
-                ids[keep].tolist(),
-                kept.tolist(),
-                xy.tolist(),
-                cut,
-                placed,
-                strict=True,
-            )
-            if ok
-        ]
+        """The frames' confirmed tracks placed on the ground (those that can be), all at
+        once (only confirmed tracks are placed and joined)."""
+        kept = []
+        for result, frame, update in zip(results, frames, updates, strict=True):
+            keep = np.flatnonzero(update.track_ids >= 0)
+            names = result.detections.names
+            size = result.meta.letterbox.src_size
+            kept.append((result.camera, frame.xyxy[keep], size, [names[k] for k in keep]))
+        places = self.fusion.place_all(kept)
+        observations = []
+        for (camera, boxes, size, names), update, xy in zip(kept, updates, places, strict=True):
+            if not len(boxes):
+                continue
+            ids = update.track_ids[update.track_ids >= 0].tolist()
+            cut: list[bool] = self.fusion.truncated(boxes, size).tolist()
+            placed: list[bool] = np.isfinite(xy).all(axis=1).astype(np.bool_).tolist()
+            observations += [
+                Observation(
+                    camera=camera,
+                    track_id=track,
+                    class_name=name,
+                    xyxy=(box[0], box[1], box[2], box[3]),
+                    xy=(x, y),
+                    truncated=truncated,
+                )
+                for track, name, box, (x, y), truncated, ok in zip(
+                    ids, names, boxes.tolist(), xy.tolist(), cut, placed, strict=True
+                )
+                if ok
+            ]
+        return observations
 
     def summary(self) -> TrackingSummary:
         """Tracks per camera and their lifetimes, and the rig's objects, so far."""
