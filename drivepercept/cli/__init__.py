@@ -17,20 +17,9 @@ from drivepercept.cli import commands
 from drivepercept.cli.commands import HANDLERS, merged_settings
 from drivepercept.cli.parser import build_parser
 from drivepercept.errors import DrivePerceptError, StageError, one_line, redacting_handler
+from drivepercept.run.console import quiet_opencv
 
 __all__ = ["main", "merged_settings", "run"]
-
-
-def _quiet_opencv() -> None:
-    """OpenCV's and FFmpeg's logs at errors only, unless the environment says otherwise.
-    OpenCV reads its variable once, when it loads: it is usually loaded by now (the sources
-    import it), so its level is also set through its API."""
-    if "OPENCV_LOG_LEVEL" not in os.environ:
-        os.environ["OPENCV_LOG_LEVEL"] = "ERROR"
-        cv2 = sys.modules.get("cv2")
-        if cv2 is not None:
-            cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
-    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args.verbose or args.debug):
         # OpenCV and FFmpeg print their own warnings for every bad or truncated file; our
         # errors already say what went wrong in one line. Set before OpenCV is first used.
-        _quiet_opencv()
+        quiet_opencv()
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -17,6 +18,18 @@ if TYPE_CHECKING:  # torch: `drivepercept report` prints report lines without lo
     from drivepercept.run.job import RunResult
 
 log = logging.getLogger("drivepercept")
+
+
+def quiet_opencv() -> None:
+    """OpenCV's and FFmpeg's logs at errors only, unless the environment says otherwise.
+    OpenCV reads its variable once, when it loads: it is usually loaded by now (the sources
+    import it), so its level is also set through its API."""
+    if "OPENCV_LOG_LEVEL" not in os.environ:
+        os.environ["OPENCV_LOG_LEVEL"] = "ERROR"
+        cv2 = sys.modules.get("cv2")
+        if cv2 is not None:
+            cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
 
 
 def status_line(cameras: Sequence[CameraSnapshot], load: LoadSample | None) -> str:
