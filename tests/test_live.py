@@ -247,3 +247,18 @@ def test_live_rig_carries_on_when_one_camera_fails_for_good() -> None:
     assert bad.state == CameraState.FAILED
     # (the good ones' streams ended after 20 frames and they went on trying: failed too)
     assert all(g.connects == 1 for g in good)
+
+
+def test_the_pace_clock_keeps_one_origin_per_recording() -> None:
+    from drivepercept.sources.live import PaceClock
+
+    # given a recording's two topics (stamps near 1.77e18 ns) and a video file (pts from 0)
+    clock = PaceClock()
+    stamp = 1_770_000_000_000_000_000
+    # when the recording's first frame is read at t=1 s, the video's at t=5 s
+    assert clock.due_ns("drive.mcap", stamp, 1_000_000_000) == 1_000_000_000
+    assert clock.due_ns("front.mp4", 0, 5_000_000_000) == 5_000_000_000
+    # then the recording's other topic plays in step with the first, by its stamps
+    assert clock.due_ns("drive.mcap", stamp + 50_000_000, 9_000_000_000) == 1_050_000_000
+    # and the video keeps its own origin, not the recording's (nor the reverse)
+    assert clock.due_ns("front.mp4", 40_000_000, 9_000_000_000) == 5_040_000_000

@@ -50,22 +50,23 @@ _STOP_POLL_S = 0.05  # how often a connection attempt in progress looks at the s
 
 
 class PaceClock:
-    """One time origin for every camera of a real-time replay: the first frame any camera
-    reads falls due now, and every frame of every camera falls due at the origin plus its
-    time since that first frame (its recorded stamp, else its pts). Cameras of one recording
-    then play in step, paired by real time, however their first frames are stamped.
-    Thread-safe: each camera's decoder thread asks it."""
+    """The time origins of a real-time replay, one per clock: a source's first frame read
+    falls due now, and each of its frames at that origin plus its time since that first
+    frame (its recorded stamp, else its pts). The cameras of one recording share its clock
+    (`key`: the recording), so they play in step, paired by real time, however their first
+    frames are stamped; sources with clocks of their own (a video file's pts from 0, another
+    recording's stamps) each start when they start. Thread-safe: each camera's decoder
+    thread asks it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._origin: tuple[int, int] | None = None  # (monotonic ns, frame time ns)
+        self._origins: dict[str, tuple[int, int]] = {}  # key -> (monotonic ns, frame ns)
 
-    def due_ns(self, frame_ns: int, now_ns: int) -> int:
-        """When a frame whose own time is `frame_ns` falls due on the monotonic clock."""
+    def due_ns(self, key: str, frame_ns: int, now_ns: int) -> int:
+        """When a frame of clock `key` whose own time is `frame_ns` falls due on the
+        monotonic clock."""
         with self._lock:
-            if self._origin is None:
-                self._origin = (now_ns, frame_ns)
-            mono, first = self._origin
+            mono, first = self._origins.setdefault(key, (now_ns, frame_ns))
         return mono + (frame_ns - first)
 
 
@@ -273,7 +274,7 @@ class LiveSource:
         meanwhile."""
         now = time.monotonic_ns()
         frame_ns = frame.stamp_ns if frame.stamp_ns is not None else round(frame.pts_s * 1e9)
-        due = self._clock.due_ns(frame_ns, now)
+        due = self._clock.due_ns(self.source, frame_ns, now)
         if due > now and self.stop.wait((due - now) / 1e9):
             return None
         return due

@@ -70,8 +70,8 @@ def open_cameras(
 
     `Pacing.AS_FAST_AS_POSSIBLE` (replay): each file, image folder or recorded topic as fast
     as it decodes. `PACED` and `LIVE`: reconnecting `LiveSource`s; a file among them plays at
-    its own frame rate (a recorded topic at its stamps), every camera on one `PaceClock` so
-    that the rig plays in step, and a device or stream connects on its decoder thread (a
+    its own frame rate (a recorded topic at its stamps), on one `PaceClock` so that the
+    cameras of one recording play in step, and a device or stream connects on its decoder thread (a
     failure there is a state, not an exception). `LIVE` reads a camera's live source where
     it has one, not its recorded video.
     """

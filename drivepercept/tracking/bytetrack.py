@@ -331,8 +331,8 @@ class ByteTracker:
         lost = np.flatnonzero(confirmed & tracks.lost)
         if not len(tracked) or not len(lost):
             return drop
-        boxes = xywh_to_xyxy(tracks.mean)
-        close = box_iou(boxes[tracked], boxes[lost]) > DUPLICATE_IOU
+        iou = box_iou(xywh_to_xyxy(tracks.mean[tracked]), xywh_to_xyxy(tracks.mean[lost]))
+        close = iou > DUPLICATE_IOU
         close &= tracks.cams[tracked][:, None] == tracks.cams[lost][None, :]
         a, b = np.nonzero(close)
         age = tracks.last_s - tracks.first_s

@@ -291,6 +291,8 @@ class RigFusion:
         self._merge(now)
         objects = tuple(self._update(gid, group, t_s) for gid, group in sorted(now.items()))
         ids = {(o.camera, o.track_id): gid for gid, group in now.items() for o in group}
+        if len(self._links) > 2 * len(ids) + 64:  # ended tracks' links to expired objects
+            self._links = {k: g for k, g in self._links.items() if g in self._objects}
         return ids, objects
 
     def _where(

@@ -13,6 +13,7 @@ back with `track_ids`, `velocities` and `global_ids` in their `Detections`, and 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,11 @@ from drivepercept.tracking.fusion import FusionParams, Observation, RigFusion
 from drivepercept.tracking.track_table import CameraBoxes
 from drivepercept.types import FrameResult
 from drivepercept.types.objects import RigStep
+
+
+def _timed(result: FrameResult) -> bool:
+    """Whether a frame has a time: its stamp, else a finite pts."""
+    return result.meta.stamp_ns is not None or math.isfinite(result.pts_s)
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,10 @@ class RigTracker:
         self.on_step = on_step
 
     def _time(self, result: FrameResult) -> float:
-        """The frame's time in seconds, strictly after its camera's previous frame's."""
-        t = result.stamp_ns / 1e9
+        """The frame's time in seconds, strictly after its camera's previous frame's (a
+        frame with no usable time, neither stamp nor finite pts, is a tiny step on too)."""
         last = self._last_t.get(result.camera)
+        t = result.stamp_ns / 1e9 if _timed(result) else (last or 0.0) + 1e-6
         if last is not None and t <= last:  # a repeated or backwards pts: a tiny step on
             t = last + 1e-6
         self._last_t[result.camera] = t
@@ -105,10 +112,12 @@ class RigTracker:
         observations = self._observations(results, frames, updates) if self.fusion.placing else []
         links: Mapping[tuple[str, int], int] | None = None
         if self.fusion.placing and results:
-            newest = max(results, key=lambda r: r.stamp_ns)
-            links, objects = self.fusion.step(newest.stamp_ns / 1e9, observations)
+            k = max(range(len(results)), key=lambda i: frames[i].t_s)
+            newest = results[k]
+            links, objects = self.fusion.step(frames[k].t_s, observations)
             if self.on_step is not None:
-                self.on_step(RigStep(newest.frame_index, newest.pts_s, newest.stamp_ns, objects))
+                stamp_ns = newest.stamp_ns if _timed(newest) else round(frames[k].t_s * 1e9)
+                self.on_step(RigStep(newest.frame_index, newest.pts_s, stamp_ns, objects))
         out = []
         for result, update in zip(results, updates, strict=True):
             ids = update.track_ids
