@@ -128,19 +128,25 @@ class McapOut:
         """Attach a whole file (e.g. the ground truth as COCO JSON)."""
         with self._lock:
             if not self._closed:
-                self._writer.add_attachment(
-                    create_time=int(log_time_ns),
-                    log_time=int(log_time_ns),
-                    name=name,
-                    media_type=media_type,
-                    data=data,
-                )
+                try:
+                    self._writer.add_attachment(
+                        create_time=int(log_time_ns),
+                        log_time=int(log_time_ns),
+                        name=name,
+                        media_type=media_type,
+                        data=data,
+                    )
+                except OSError as exc:
+                    raise OutputError(f"cannot write {self.path}: {exc.strerror or exc}") from None
 
     def metadata(self, name: str, values: Mapping[str, str]) -> None:
         """A metadata record (string keys and values)."""
         with self._lock:
             if not self._closed:
-                self._writer.add_metadata(name, {str(k): str(v) for k, v in values.items()})
+                try:
+                    self._writer.add_metadata(name, {str(k): str(v) for k, v in values.items()})
+                except OSError as exc:
+                    raise OutputError(f"cannot write {self.path}: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         """Write the summary and close the file; a second call does nothing.

@@ -82,6 +82,7 @@ LATENCY_FIELDS: tuple[str, ...] = (
     "detections",
     "batch_size",
 )
+_LATENCY_SERIES = messages.series_schema(LATENCY_SCHEMA, LATENCY_FIELDS)
 
 
 class _Intrinsics(Protocol):
@@ -283,7 +284,7 @@ class McapSink(ClosingSink):
             LATENCY_SCHEMA,
             latency,
             log_time_ns=log_time,
-            schema=messages.series_schema(LATENCY_SCHEMA, LATENCY_FIELDS),
+            schema=_LATENCY_SERIES,
         )
         self.frames_written += 1
 

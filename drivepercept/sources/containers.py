@@ -77,7 +77,11 @@ class _Mcap:
         except ImportError as exc:
             raise _missing(exc) from None
         self.path = path
-        self._file: IO[bytes] = path.open("rb")
+        self.factories = _mcap_factories()  # before the open: a missing extra leaks nothing
+        try:
+            self._file: IO[bytes] = path.open("rb")
+        except OSError as exc:
+            raise SourceError(f"cannot open {path}: {exc.strerror or exc}") from None
         try:
             self._reader = make_reader(self._file)
             self._summary = self._reader.get_summary()
@@ -86,7 +90,6 @@ class _Mcap:
             raise SourceError(f"{path} is not an MCAP file ({exc})") from None
         except Exception:  # no summary to seek by (cut short): read front to back
             self._summary = None
-        self.factories = _mcap_factories()
         self.indexed = self._summary is not None
 
     def _query(self) -> Any:

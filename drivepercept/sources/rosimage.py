@@ -17,6 +17,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import numpy.typing as npt
 
 from drivepercept.sources.readers import CorruptFrameError, RawFrame, SourceError
 from drivepercept.types import ImageU8
@@ -94,7 +95,9 @@ def _bytes(data: Any) -> bytes:
     return bytes(data)
 
 
-def raw_to_bgr(data: bytes, *, width: int, height: int, step: int, encoding: str) -> ImageU8:
+def raw_to_bgr(
+    data: bytes | npt.NDArray[np.uint8], *, width: int, height: int, step: int, encoding: str
+) -> ImageU8:
     """A raw image's bytes as a BGR image.
 
     Raises:
@@ -138,8 +141,10 @@ def to_frame(msg: Any, typename: str, *, log_time_ns: int, arrived_ns: int) -> R
         if not blob:
             raise CorruptFrameError(f"an empty {typename} message")
         return RawFrame(None, stamp / 1e9, arrived_ns, jpeg=blob, stamp_ns=stamp)
+    # the readers' own uint8 array is read in place: a raw 1080p frame is not copied first
+    flat = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1
     image = raw_to_bgr(
-        _bytes(data),
+        data if flat else _bytes(data),
         width=int(field(msg, "width") or 0),
         height=int(field(msg, "height") or 0),
         step=int(field(msg, "step") or 0),
