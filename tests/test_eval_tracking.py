@@ -8,7 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,6 @@ from drivepercept.eval.tracking import (
     score_tracking,
 )
 
-pytest.importorskip("trackeval")
 pytestmark = pytest.mark.timeout(300)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_videos"
@@ -394,12 +393,7 @@ def _evaluate(tmp_path: Path, name: str, **kwargs: Any) -> Any:
     from drivepercept.run import evaluate_clip
 
     settings = {"max_frames": 12, "out": str(tmp_path), "name": name, "sample_hz": 0.0}
-    try:
-        return evaluate_clip(SAMPLE, settings=settings, **kwargs)
-    except ConfigError as exc:
-        if "no track ids" in str(exc):
-            pytest.skip("the run's detections carry no track_ids yet (tracking not wired)")
-        raise
+    return evaluate_clip(SAMPLE, settings=settings, **kwargs)
 
 
 def test_eval_track_on_the_sample_clip(tmp_path: Path) -> None:
@@ -438,8 +432,6 @@ def test_eval_track_command_prints_the_tracking_table(tmp_path: Path) -> None:
         timeout=240,
         check=False,
     )
-    if proc.returncode == 2 and "no track ids" in proc.stderr:
-        pytest.skip("the run's detections carry no track_ids yet (tracking not wired)")
     assert proc.returncode == 0, proc.stderr
     assert "HOTA" in proc.stdout and "rig (global ids)" in proc.stdout
     saved = json.loads((tmp_path / "cli" / "eval.json").read_text())
@@ -459,3 +451,25 @@ def test_track_on_labels_without_track_ids_fails_before_the_run(tmp_path: Path) 
     with pytest.raises(ConfigError, match="needs labels with track ids"):
         evaluate_clip(clip, settings={"out": str(out)}, track=True)
     assert not out.exists()  # nothing run
+
+
+def test_eval_streaming_command_prints_offline_and_streaming_ap(
+    tmp_path: Path, in_process: Callable[[list[str]], tuple[int, str]]
+) -> None:
+    # given the sample clip, scored as it streams in real time, with and without forecasting
+    for flags in (["--streaming"], ["--streaming", "--forecast"]):
+        name = "-".join(f.strip("-") for f in flags)
+        args = ["eval", str(SAMPLE), *flags, "--max-frames", "6", "--out", str(tmp_path)]
+        code, err = in_process([*args, "--name", name, "--no-progress"])
+        # then it succeeds and records the streaming score beside the offline one
+        assert code == 0, err
+        saved = json.loads((tmp_path / name / "eval.json").read_text())
+        streaming = saved["streaming"]
+        assert streaming["frames"] == 6 * 6 and 0 < streaming["processed"] <= 36
+        for kind in ("offline", "streaming"):
+            assert 0.0 <= streaming[kind]["map_50_95"] <= streaming[kind]["map_50"] <= 1.0
+        # a real-time run lags: some frames had no output yet when they were captured
+        assert streaming["lag_ms"] > 0 and streaming["without_output"] > 0
+        assert ("forecast" in streaming and streaming["forecast"] is not None) == (
+            "--forecast" in flags
+        )

@@ -124,3 +124,20 @@ def test_the_video_label_names_the_object_else_the_track() -> None:
     # the labels drawn differ from an untracked frame's only by the identities
     assert _ids(plain) == ["", "", ""]
     assert not np.array_equal(draw_detections(image, det), draw_detections(image, plain))
+
+
+@pytest.mark.timeout(180)
+def test_track_in_the_config_file_is_the_flag(in_process: Cli, tmp_path: Path) -> None:
+    # given `track = true` in a config file, and no --track
+    config = tmp_path / "run.toml"
+    config.write_text("track = true\n")
+    code, err = in_process(
+        ["replay", str(SAMPLE / "rig.toml"), "--config", str(config), "--max-frames", "4",
+         "--out", str(tmp_path), "--name", "c", "--no-progress", "--report", "json"]
+    )  # fmt: skip
+    # then the run tracks: ids in detections.jsonl, an objects.jsonl, a tracking section
+    assert code == 0, err
+    frames = _lines(tmp_path / "c" / "detections.jsonl")
+    assert frames and all("track_ids" in f for f in frames)
+    assert (tmp_path / "c" / "objects.jsonl").exists()
+    assert json.loads((tmp_path / "c" / "run.json").read_text())["tracking"] is not None
