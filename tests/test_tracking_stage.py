@@ -141,3 +141,43 @@ def test_track_in_the_config_file_is_the_flag(in_process: Cli, tmp_path: Path) -
     assert frames and all("track_ids" in f for f in frames)
     assert (tmp_path / "c" / "objects.jsonl").exists()
     assert json.loads((tmp_path / "c" / "run.json").read_text())["tracking"] is not None
+
+
+def test_the_stage_changes_only_the_tracking_fields() -> None:
+    """`RigTracker` builds its results field by field (cheaper than `dataclasses.replace`):
+    every other field of the frame and of its detections must come through as it was."""
+    import dataclasses
+
+    import numpy as np
+
+    from drivepercept.rig import CameraConfig
+    from drivepercept.tracking.stage import RigTracker
+    from drivepercept.types import (
+        DRIVING_CLASSES,
+        Detections,
+        FrameMeta,
+        FrameResult,
+        FrameTiming,
+        Letterbox,
+    )
+
+    tracker = RigTracker([CameraConfig(name="front")])
+    box = np.array([[10.0, 20.0, 60.0, 80.0]], np.float32)
+    for k in range(3):
+        det = Detections(box + 2 * k, np.array([0.9], np.float32), np.array([2]), DRIVING_CLASSES)
+        lb = Letterbox((640, 360), (448, 256), 0.7, 0.7, 0, 4)
+        meta = FrameMeta(
+            "front", 0, k, k / 15, 100 + k, 200 + k, 300 + k, lb, stamp_ns=k * 66_000_000
+        )
+        timing = FrameTiming(*range(k, k + 11))
+        (out,) = tracker([FrameResult(meta, 7 + k, 1, det, timing)])
+        assert (out.meta, out.batch_index, out.batch_size, out.timing) == (meta, 7 + k, 1, timing)
+        for field in dataclasses.fields(Detections):
+            if field.name in ("track_ids", "velocities", "global_ids"):
+                continue
+            before, after = getattr(det, field.name), getattr(out.detections, field.name)
+            assert (
+                np.array_equal(before, after) if isinstance(before, np.ndarray) else before == after
+            )
+        assert out.detections.track_ids is not None and out.detections.velocities is not None
+    assert out.detections.track_ids.tolist() == [1]  # the same object, one track

@@ -14,11 +14,12 @@ IntArray = npt.NDArray[np.int64]
 def box_iou(a: FloatArray, b: FloatArray) -> FloatArray:
     """IoU of every box in `a` `(T, 4)` with every box in `b` `(N, 4)`, xyxy: `(T, N)`.
     A box of no area overlaps nothing (IoU 0)."""
-    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0.0, None), axis=1)
-    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0.0, None), axis=1)
+    size_a = np.maximum(a[:, 2:] - a[:, :2], 0.0)
+    size_b = np.maximum(b[:, 2:] - b[:, :2], 0.0)
+    area_a, area_b = size_a[:, 0] * size_a[:, 1], size_b[:, 0] * size_b[:, 1]
     iw = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
     ih = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    inter = np.clip(iw, 0.0, None) * np.clip(ih, 0.0, None)
+    inter = np.maximum(iw, 0.0) * np.maximum(ih, 0.0)
     union = area_a[:, None] + area_b[None, :] - inter
     with np.errstate(divide="ignore", invalid="ignore"):
         iou = np.where(union > 0, inter / union, 0.0)

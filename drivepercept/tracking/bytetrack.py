@@ -55,6 +55,12 @@ BoolArray = npt.NDArray[np.bool_]
 DUPLICATE_IOU = 0.85  # a tracked and a lost track overlapping more than this are one object
 
 
+def _indices(mask: BoolArray) -> IntArray:
+    """Where a 1-D mask is true (`np.flatnonzero` without its wrapper's cost: the tracker
+    makes dozens of these calls per batch)."""
+    return mask.nonzero()[0]
+
+
 @dataclass(frozen=True)
 class TrackParams:
     """ByteTrack's settings (the reference implementation's defaults, but for
@@ -229,7 +235,7 @@ class ByteTracker:
         active = batch_cams[pos] == tracks.cams
         row_t = np.where(active, batch_t[pos], np.nan)
         if active.any():
-            rows = np.flatnonzero(active)  # only cameras with a track have a previous time
+            rows = _indices(active)  # only cameras with a track have a previous time
             # a lost track keeps drifting, but its size stops changing (as in ByteTrack)
             tracks.mean[rows[tracks.lost[rows]], 6:8] = 0.0
             tracks.mean[rows], tracks.cov[rows] = self.kalman.predict(
@@ -261,12 +267,10 @@ class ByteTracker:
                 det_row[dets[c]] = rows[r]
                 row_det[rows[r]] = dets[c]
 
-        associate(np.flatnonzero(confirmed), np.flatnonzero(high), p.match_iou)
-        associate(
-            np.flatnonzero(was_tracked & (row_det < 0)), np.flatnonzero(low), p.second_match_iou
-        )
-        high_left = np.flatnonzero(high & (det_row < 0))
-        young = np.flatnonzero(unconfirmed)
+        associate(_indices(confirmed), _indices(high), p.match_iou)
+        associate(_indices(was_tracked & (row_det < 0)), _indices(low), p.second_match_iou)
+        high_left = _indices(high & (det_row < 0))
+        young = _indices(unconfirmed)
         if len(young) and len(high_left):  # buffered IoU: the track has no motion yet
             pairs = np.ix_(young, high_left)
             buffered = box_iou(
@@ -276,7 +280,7 @@ class ByteTracker:
             iou[pairs] = np.where(same[pairs], buffered, 0.0)
         associate(young, high_left, p.unconfirmed_match_iou)
 
-        matched = np.flatnonzero(row_det >= 0)
+        matched = _indices(row_det >= 0)
         if len(matched):
             z = xyxy_to_xywh(boxes[row_det[matched]])
             tracks.mean[matched], tracks.cov[matched] = self.kalman.update(
@@ -288,10 +292,10 @@ class ByteTracker:
         missed = row_det < 0
         tracks.lost = np.where(active, confirmed & missed, tracks.lost)
         drop = unconfirmed & missed  # an unconfirmed track that missed
-        promote = np.flatnonzero(unconfirmed & (tracks.hits >= p.min_hits))
+        promote = _indices(unconfirmed & (tracks.hits >= p.min_hits))
         tracks.ids[promote] = self._new_ids(tracks.cams[promote])
 
-        new = np.flatnonzero(high & (det_row < 0) & (score >= p.new_track_score))
+        new = _indices(high & (det_row < 0) & (score >= p.new_track_score))
         if len(new):
             mean, cov = self.kalman.initiate(xyxy_to_xywh(boxes[new]))
             confirm = np.array([first[c] for c in det_cam[new].tolist()]) | (p.min_hits <= 1)
@@ -327,8 +331,8 @@ class ByteTracker:
         tracks = self._tracks
         drop = np.zeros(len(tracks), np.bool_)
         confirmed = active & (tracks.ids > 0)
-        tracked = np.flatnonzero(confirmed & ~tracks.lost)
-        lost = np.flatnonzero(confirmed & tracks.lost)
+        tracked = _indices(confirmed & ~tracks.lost)
+        lost = _indices(confirmed & tracks.lost)
         if not len(tracked) or not len(lost):
             return drop
         iou = box_iou(xywh_to_xyxy(tracks.mean[tracked]), xywh_to_xyxy(tracks.mean[lost]))
@@ -347,13 +351,13 @@ class ByteTracker:
         n = len(det_row)
         ids = np.full(n, -1, np.int64)
         velocities = np.full((n, 4), np.nan)
-        has = np.flatnonzero(det_row >= 0)
+        has = _indices(det_row >= 0)
         rows = det_row[has]
         shown = (tracks.ids[rows] > 0) & ~drop[rows]
         has, rows = has[shown], rows[shown]
         ids[has] = tracks.ids[rows]
         velocities[has] = tracks.velocities(rows)
-        for row in np.flatnonzero(drop & (tracks.ids > 0)).tolist():
+        for row in _indices(drop & (tracks.ids > 0)).tolist():
             ended = self._ended_s.setdefault(int(tracks.cams[row]), {})
             ended[int(tracks.ids[row])] = float(tracks.last_s[row] - tracks.first_s[row])
         if drop.any():
@@ -363,7 +367,7 @@ class ByteTracker:
     def tracks(self, camera: int) -> tuple[TrackInfo, ...]:
         """A camera's live confirmed tracks (tracked and lost), by id."""
         tr = self._tracks
-        rows = np.flatnonzero((tr.ids > 0) & (tr.cams == camera))
+        rows = _indices((tr.ids > 0) & (tr.cams == camera))
         rows = rows[np.argsort(tr.ids[rows])]
         boxes = xywh_to_xyxy(tr.mean[rows]).tolist()
         velocities = tr.velocities(rows).tolist()
@@ -386,7 +390,7 @@ class ByteTracker:
         latest box), in seconds, by track id."""
         lifetimes = dict(self._ended_s.get(camera, {}))
         tr = self._tracks
-        for row in np.flatnonzero((tr.ids > 0) & (tr.cams == camera)).tolist():
+        for row in _indices((tr.ids > 0) & (tr.cams == camera)).tolist():
             lifetimes[int(tr.ids[row])] = float(tr.last_s[row] - tr.first_s[row])
         return tuple(lifetimes[k] for k in sorted(lifetimes))
 

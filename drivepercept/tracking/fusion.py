@@ -92,38 +92,53 @@ class Observation:
     truncated: bool = False  # cut by the image's side: a rougher place
 
 
+Place = tuple[float, float]  # ego x, y (m); plain floats: the fusion's work is per object
+
+
 @dataclass
 class _Object:
     id: int
     class_name: str
-    xy: npt.NDArray[np.float64]
+    xy: Place
     t_s: float
-    velocity: npt.NDArray[np.float64] | None = None
+    velocity: Place | None = None
     placed: int = 1
     seen_by: set[str] = field(default_factory=set)
     rough: bool = False  # its place came from boxes cut by the image's side only
 
-    def at(self, t_s: float) -> npt.NDArray[np.float64]:
+    def at(self, t_s: float) -> Place:
         if self.velocity is None:
             return self.xy
-        return self.xy + self.velocity * max(0.0, t_s - self.t_s)
+        dt = max(0.0, t_s - self.t_s)
+        return (self.xy[0] + self.velocity[0] * dt, self.xy[1] + self.velocity[1] * dt)
 
 
-def _mean_place(group: Sequence[Observation]) -> npt.NDArray[np.float64]:
+def _mean_place(group: Sequence[Observation]) -> Place:
     """The sightings' places, averaged; a box cut by the image's side weighs a fifth."""
     if len(group) == 1:  # the common case, without the weighing
-        return np.array(group[0].xy, np.float64)
-    weights = np.array([0.2 if o.truncated else 1.0 for o in group])
-    places = np.array([o.xy for o in group], np.float64)
-    return np.asarray(weights @ places / weights.sum(), np.float64)
+        return group[0].xy
+    x = y = total = 0.0
+    for o in group:
+        w = 0.2 if o.truncated else 1.0
+        x, y, total = x + w * o.xy[0], y + w * o.xy[1], total + w
+    return (x / total, y / total)
 
 
 def _kind(class_name: str) -> str:
     return _KIND.get(class_name, class_name)
 
 
-def _gate(params: FusionParams, xy: npt.NDArray[np.float64] | tuple[float, float]) -> float:
-    return params.gate_m + params.gate_per_m * math.hypot(float(xy[0]), float(xy[1]))
+def _gate(params: FusionParams, xy: Place) -> float:
+    return params.gate_m + params.gate_per_m * math.hypot(xy[0], xy[1])
+
+
+def cut_by_side(
+    xyxy: npt.NDArray[np.float64], width: float | npt.NDArray[np.float64]
+) -> npt.NDArray[np.bool_]:
+    """Boxes `(N, 4)` that touch their image's left or right side (`width`: the image's, one
+    for all or one per box); see `RigFusion.truncated`."""
+    margin = 2.0
+    return np.asarray((xyxy[:, 0] <= margin) | (xyxy[:, 2] >= np.asarray(width) - margin))
 
 
 class RigFusion:
@@ -187,7 +202,7 @@ class RigFusion:
     ) -> list[npt.NDArray[np.float64]]:
         """`place` for several frames (camera, boxes, frame size, class names) at once: the
         projection of a whole batch's boxes is one set of array operations."""
-        uv_parts, rows, depths, counts = [], [], [], []
+        parts, rows, scales, depths, counts = [], [], [], [], []
         for camera, xyxy, frame_size, class_names in frames:
             boxes = np.asarray(xyxy, np.float64).reshape(-1, 4)
             geometry = self._geometry.get(camera)
@@ -195,20 +210,28 @@ class RigFusion:
                 counts.append(-len(boxes))  # unplaced: NaN rows
                 continue
             size = geometry[2]
-            uv = np.stack([(boxes[:, 0] + boxes[:, 2]) / 2, boxes[:, 3]], axis=1)
             if size is not None and size != frame_size and size[0] > 0 and size[1] > 0:
                 # the rig's intrinsics are for its size: a frame of another size scales them
-                uv = uv * np.array([size[0] / frame_size[0], size[1] / frame_size[1]])
-            uv_parts.append(uv)
-            rows.append(np.repeat(self._row(camera)[None, :], len(boxes), axis=0))
+                scales.append((size[0] / frame_size[0], size[1] / frame_size[1]))
+            else:
+                scales.append((1.0, 1.0))
+            parts.append(boxes)
+            rows.append(self._row(camera))
             names = class_names if len(class_names) else [""] * len(boxes)
-            depths.append(np.array([HALF_DEPTH_M.get(n, 0.0) for n in names], np.float64))
+            depths += [HALF_DEPTH_M.get(n, 0.0) for n in names]
             counts.append(len(boxes))
         xy_all = np.zeros((0, 2))
-        if uv_parts:
-            row = np.concatenate(rows)  # fx, fy, cx, cy, the rotation's 9, the mount's 3
+        if parts:
+            boxes = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            placed = [n for n in counts if n > 0]
+            # per box: fx, fy, cx, cy, the rotation's 9, the mount's 3; the frame's scale
+            row = np.repeat(np.array(rows), placed, axis=0)
+            scale = np.repeat(np.array(scales), placed, axis=0)
+            uv = np.empty((len(boxes), 2))
+            uv[:, 0] = (boxes[:, 0] + boxes[:, 2]) * 0.5
+            uv[:, 1] = boxes[:, 3]
             xy_all = ground_points_of_rows(
-                np.concatenate(uv_parts),
+                uv * scale,
                 row[:, :4],
                 row[:, 4:13].reshape(-1, 3, 3),
                 row[:, 13:16],
@@ -216,7 +239,7 @@ class RigFusion:
             )
             sight = xy_all - row[:, 13:15]
             dist = np.hypot(sight[:, 0], sight[:, 1])
-            depth = np.concatenate(depths)
+            depth = np.array(depths)
             with np.errstate(invalid="ignore", divide="ignore"):
                 xy_all = xy_all + sight * (depth / np.where(dist > 0, dist, np.inf))[:, None]
         out, start = [], 0
@@ -246,9 +269,7 @@ class RigFusion:
         """Boxes cut by the image's left or right edge: their bottom centre is not the
         object's (the object goes on outside the image), so they join on a wider gate and
         weigh less in the object's place."""
-        boxes = np.asarray(xyxy, np.float64).reshape(-1, 4)
-        margin = 2.0
-        return np.asarray((boxes[:, 0] <= margin) | (boxes[:, 2] >= frame_size[0] - margin))
+        return cut_by_side(np.asarray(xyxy, np.float64).reshape(-1, 4), frame_size[0])
 
     def _check_placing(self, camera: str, xy: npt.NDArray[np.float64]) -> None:
         """One line for a camera that has boxes but never places any (its view does not
@@ -295,9 +316,7 @@ class RigFusion:
             self._links = {k: g for k, g in self._links.items() if g in self._objects}
         return ids, objects
 
-    def _where(
-        self, gid: int, now: Mapping[int, list[Observation]], t_s: float
-    ) -> npt.NDArray[np.float64]:
+    def _where(self, gid: int, now: Mapping[int, list[Observation]], t_s: float) -> Place:
         """An object's place at `t_s`: the mean of this step's sightings so far, else its
         last place moved on by its speed."""
         seen = now.get(gid)
@@ -321,7 +340,7 @@ class RigFusion:
         ):
             return False
         x, y = obs.xy
-        wx, wy = self._where(gid, now, t_s).tolist()
+        wx, wy = self._where(gid, now, t_s)
         return math.hypot(x - wx, y - wy) <= 3 * _gate(self.params, obs.xy)
 
     def _match(
@@ -338,9 +357,9 @@ class RigFusion:
             kinds = np.array([_kind(self._objects[gid].class_name) for gid in candidates])
             rough = np.array([self._rough(gid, now) for gid in candidates])
             for i, obs in enumerate(group):
-                xy = np.asarray(obs.xy)
-                gate = _gate(self.params, xy) * np.where(rough | obs.truncated, ROUGH_GATE, 1.0)
-                d = np.hypot(places[:, 0] - xy[0], places[:, 1] - xy[1])
+                x, y = obs.xy
+                gate = _gate(self.params, obs.xy) * np.where(rough | obs.truncated, ROUGH_GATE, 1.0)
+                d = np.hypot(places[:, 0] - x, places[:, 1] - y)
                 ok = (d <= gate) & (kinds == _kind(obs.class_name))
                 cost[i, ok] = d[ok] / gate[ok]
         matched: dict[int, int] = {}
@@ -362,7 +381,7 @@ class RigFusion:
         `merge_m` (plus 3 % of range) of each other, the younger id joins the older."""
         close: dict[tuple[int, int], int] = {}
         ids = sorted(now)
-        places = {gid: _mean_place(now[gid]).tolist() for gid in ids}
+        places = {gid: _mean_place(now[gid]) for gid in ids}
         cameras = {gid: {o.camera for o in now[gid]} for gid in ids}
         kinds = {gid: _kind(self._objects[gid].class_name) for gid in ids}
         rough = {gid: self._rough(gid, now) for gid in ids}
@@ -393,16 +412,19 @@ class RigFusion:
         gid = self._next_id
         self._next_id += 1
         self.objects_made += 1
-        self._objects[gid] = _Object(gid, obs.class_name, np.asarray(obs.xy, np.float64), t_s)
+        self._objects[gid] = _Object(gid, obs.class_name, obs.xy, t_s)
         return gid
 
     def _update(self, gid: int, group: Sequence[Observation], t_s: float) -> RigObject:
         obj = self._objects[gid]
-        xy = _mean_place(group)
+        xy = x, y = _mean_place(group)
         dt = t_s - obj.t_s
         if dt > 0.02:  # a speed from places at least 20 ms apart, smoothed
-            v = (xy - obj.xy) / dt
-            obj.velocity = v if obj.velocity is None else 0.5 * obj.velocity + 0.5 * v
+            v = ((x - obj.xy[0]) / dt, (y - obj.xy[1]) / dt)
+            old = obj.velocity
+            obj.velocity = (
+                v if old is None else (0.5 * old[0] + 0.5 * v[0], 0.5 * old[1] + 0.5 * v[1])
+            )
         obj.xy, obj.t_s, obj.placed = xy, t_s, obj.placed + 1
         obj.rough = all(o.truncated for o in group)
         if len(group) > 1:  # the class most of its sightings say
@@ -410,8 +432,7 @@ class RigFusion:
             obj.class_name = max(names, key=names.count)
         else:
             obj.class_name = group[0].class_name
-        speed = None if obj.velocity is None else math.hypot(*obj.velocity.tolist())
-        x, y = xy.tolist()
+        speed = None if obj.velocity is None else math.hypot(*obj.velocity)
         return RigObject(
             id=gid,
             class_name=obj.class_name,
