@@ -175,7 +175,7 @@ class RigTracker:
         xy = np.concatenate(self.fusion.place_all(kept))
         boxes = np.concatenate([k[1] for k in kept])
         cut: list[bool] = cut_by_side(boxes, np.array(widths, np.float64)).tolist()
-        placed: list[bool] = np.isfinite(xy).all(axis=1).tolist()
+        placed: list[bool] = np.isfinite(xy).all(axis=1).astype(np.bool_).tolist()
         return [
             Observation(camera, track, name, (box[0], box[1], box[2], box[3]), (x, y), truncated)
             for camera, track, name, box, (x, y), truncated, ok in zip(
