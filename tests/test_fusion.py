@@ -122,6 +122,25 @@ def test_two_objects_side_by_side_stay_apart() -> None:
     assert len(objects) == 3
 
 
+def test_sightings_frames_apart_in_one_step_are_one_object() -> None:
+    """A batch can hold frames a few apart (each camera's decoder runs at its own pace): an
+    oncoming car at 30 m/s seen by `front` now and by `front_left` three frames (0.2 s)
+    earlier is 6 m apart in their frames; moved to one time by the object's speed, they
+    are one object, at the step's time, with about the car's speed."""
+    fusion = RigFusion(_cams())
+    for k in range(15):
+        t = k / 15
+        obs = [
+            Observation("front", 1, "car", (0, 0, 1, 1), (30.0 - 30.0 * t, 4.0), t_s=t),
+            Observation("front_left", 2, "car", (0, 0, 1, 1), (36.0 - 30.0 * t, 4.0), t_s=t - 0.2),
+        ]
+        links, objects = fusion.step(t, obs)
+    assert links[("front", 1)] == links[("front_left", 2)]
+    (car,) = objects
+    assert car.speed_mps is not None and abs(car.speed_mps - 30.0) < 4.5  # early places skew it
+    assert abs(car.x_m - (30.0 - 30.0 * 14 / 15)) < 0.5  # its place at the step's time
+
+
 def test_a_track_that_jumps_to_another_object_is_relinked() -> None:
     fusion = RigFusion(_cams())
     for k in range(3):

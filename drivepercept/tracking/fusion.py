@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +49,10 @@ _FAR = 1e9
 # the gate for a place from a box cut by the image's side (its bottom centre is not the
 # object's: only its range is sound, its bearing is off by up to half the object)
 ROUGH_GATE = 2.5
+# how far back an object's place is moved for a sighting older than it, and how far a
+# sighting is moved to its step's time (seconds): frames of one batch are a few apart
+MAX_BACK_S = 0.5
+SPEED_PLACES = 20  # an object's speed is fitted to this many latest places (15 fps: 1.3 s)
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class Observation:
     xyxy: tuple[float, float, float, float]
     xy: tuple[float, float]
     truncated: bool = False  # cut by the image's side: a rougher place
+    t_s: float | None = None  # its frame's time (None: the step's)
 
 
 Place = tuple[float, float]  # ego x, y (m); plain floats: the fusion's work is per object
@@ -105,22 +110,56 @@ class _Object:
     placed: int = 1
     seen_by: set[str] = field(default_factory=set)
     rough: bool = False  # its place came from boxes cut by the image's side only
+    track: deque[tuple[float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=SPEED_PLACES)
+    )  # its latest places (t, x, y), for its speed
 
     def at(self, t_s: float) -> Place:
+        """Its place at `t_s`, moved on by its speed (back, for a sighting a little older
+        than its last place)."""
         if self.velocity is None:
             return self.xy
-        dt = max(0.0, t_s - self.t_s)
+        dt = max(-MAX_BACK_S, t_s - self.t_s)
         return (self.xy[0] + self.velocity[0] * dt, self.xy[1] + self.velocity[1] * dt)
 
 
-def _mean_place(group: Sequence[Observation]) -> Place:
-    """The sightings' places, averaged; a box cut by the image's side weighs a fifth."""
+def _slope(track: Sequence[tuple[float, float, float]]) -> Place | None:
+    """The speed (m/s, x and y) of the least-squares line through an object's latest places
+    (t, x, y); None until they span 0.1 s. One place is off by a metre or so at 20 m, so a
+    speed from two places a frame apart is off by metres per second; a line through a
+    second's worth is off by about one."""
+    if len(track) < 3 or track[-1][0] - track[0][0] < 0.1:
+        return None
+    n = len(track)
+    mt = sum(p[0] for p in track) / n
+    mx = sum(p[1] for p in track) / n
+    my = sum(p[2] for p in track) / n
+    stt = sum((p[0] - mt) ** 2 for p in track)
+    vx = sum((p[0] - mt) * (p[1] - mx) for p in track) / stt
+    vy = sum((p[0] - mt) * (p[2] - my) for p in track) / stt
+    return (vx, vy)
+
+
+def _moved(obs: Observation, velocity: Place | None, t_s: float) -> Place:
+    """A sighting's place at `t_s`: the frames of one batch (one step) can be frames apart
+    (each camera's decoder runs at its own pace), so each is moved by the object's speed
+    from its own frame's time to the step's."""
+    if velocity is None or obs.t_s is None or obs.t_s == t_s:
+        return obs.xy
+    dt = min(max(t_s - obs.t_s, -MAX_BACK_S), MAX_BACK_S)
+    return (obs.xy[0] + velocity[0] * dt, obs.xy[1] + velocity[1] * dt)
+
+
+def _mean_place(group: Sequence[Observation], velocity: Place | None, t_s: float) -> Place:
+    """The sightings' places at `t_s`, averaged; a box cut by the image's side weighs a
+    fifth."""
     if len(group) == 1:  # the common case, without the weighing
-        return group[0].xy
+        return _moved(group[0], velocity, t_s)
     x = y = total = 0.0
     for o in group:
         w = 0.2 if o.truncated else 1.0
-        x, y, total = x + w * o.xy[0], y + w * o.xy[1], total + w
+        ox, oy = _moved(o, velocity, t_s)
+        x, y, total = x + w * ox, y + w * oy, total + w
     return (x / total, y / total)
 
 
@@ -309,7 +348,7 @@ class RigFusion:
                 pending[obs.camera].append(obs)
         for camera, group in pending.items():
             self._match(camera, group, now, t_s)
-        self._merge(now)
+        self._merge(now, t_s)
         objects = tuple(self._update(gid, group, t_s) for gid, group in sorted(now.items()))
         ids = {(o.camera, o.track_id): gid for gid, group in now.items() for o in group}
         if len(self._links) > 2 * len(ids) + 64:  # ended tracks' links to expired objects
@@ -319,10 +358,10 @@ class RigFusion:
     def _where(self, gid: int, now: Mapping[int, list[Observation]], t_s: float) -> Place:
         """An object's place at `t_s`: the mean of this step's sightings so far, else its
         last place moved on by its speed."""
-        seen = now.get(gid)
+        seen, obj = now.get(gid), self._objects[gid]
         if seen:
-            return _mean_place(seen)
-        return self._objects[gid].at(t_s)
+            return _mean_place(seen, obj.velocity, t_s)
+        return obj.at(t_s)
 
     def _rough(self, gid: int, now: Mapping[int, list[Observation]]) -> bool:
         """Whether an object's place now rests on boxes cut by the image's side only."""
@@ -340,7 +379,7 @@ class RigFusion:
         ):
             return False
         x, y = obs.xy
-        wx, wy = self._where(gid, now, t_s)
+        wx, wy = self._where(gid, now, t_s if obs.t_s is None else obs.t_s)
         return math.hypot(x - wx, y - wy) <= 3 * _gate(self.params, obs.xy)
 
     def _match(
@@ -353,7 +392,8 @@ class RigFusion:
         candidates = [gid for gid, o in self._objects.items() if camera not in o.seen_by]
         cost = np.full((len(group), len(candidates)), _FAR)
         if candidates:
-            places = np.array([self._where(gid, now, t_s) for gid in candidates])
+            t_frame = t_s if group[0].t_s is None else group[0].t_s  # one frame per camera
+            places = np.array([self._where(gid, now, t_frame) for gid in candidates])
             kinds = np.array([_kind(self._objects[gid].class_name) for gid in candidates])
             rough = np.array([self._rough(gid, now) for gid in candidates])
             for i, obs in enumerate(group):
@@ -374,14 +414,14 @@ class RigFusion:
             now[gid].append(obs)
             self._objects[gid].seen_by.add(camera)
 
-    def _merge(self, now: dict[int, list[Observation]]) -> None:
+    def _merge(self, now: dict[int, list[Observation]], t_s: float) -> None:
         """Two objects that different cameras see at one place, step after step, are one:
         each was made before the other camera's track existed, or while their places
         disagreed (a box cut by the image's side). After `merge_steps` steps in a row within
         `merge_m` (plus 3 % of range) of each other, the younger id joins the older."""
         close: dict[tuple[int, int], int] = {}
         ids = sorted(now)
-        places = {gid: _mean_place(now[gid]) for gid in ids}
+        places = {gid: self._where(gid, now, t_s) for gid in ids}
         cameras = {gid: {o.camera for o in now[gid]} for gid in ids}
         kinds = {gid: _kind(self._objects[gid].class_name) for gid in ids}
         rough = {gid: self._rough(gid, now) for gid in ids}
@@ -412,19 +452,17 @@ class RigFusion:
         gid = self._next_id
         self._next_id += 1
         self.objects_made += 1
-        self._objects[gid] = _Object(gid, obs.class_name, obs.xy, t_s)
+        self._objects[gid] = _Object(
+            gid, obs.class_name, obs.xy, t_s if obs.t_s is None else obs.t_s
+        )
         return gid
 
     def _update(self, gid: int, group: Sequence[Observation], t_s: float) -> RigObject:
         obj = self._objects[gid]
-        xy = x, y = _mean_place(group)
-        dt = t_s - obj.t_s
-        if dt > 0.02:  # a speed from places at least 20 ms apart, smoothed
-            v = ((x - obj.xy[0]) / dt, (y - obj.xy[1]) / dt)
-            old = obj.velocity
-            obj.velocity = (
-                v if old is None else (0.5 * old[0] + 0.5 * v[0], 0.5 * old[1] + 0.5 * v[1])
-            )
+        xy = x, y = _mean_place(group, obj.velocity, t_s)
+        if not obj.track or t_s - obj.track[-1][0] > 0.02:  # places at least 20 ms apart
+            obj.track.append((t_s, x, y))
+            obj.velocity = _slope(obj.track)
         obj.xy, obj.t_s, obj.placed = xy, t_s, obj.placed + 1
         obj.rough = all(o.truncated for o in group)
         if len(group) > 1:  # the class most of its sightings say

@@ -158,6 +158,7 @@ class RigTracker:
         names: list[str] = []
         ids: list[int] = []
         widths: list[int] = []
+        times: list[float] = []
         for result, frame, update in zip(results, frames, updates, strict=True):
             keep = (update.track_ids >= 0).nonzero()[0]
             if not len(keep):
@@ -170,6 +171,7 @@ class RigTracker:
             names += kept_names
             ids += update.track_ids[keep].tolist()
             widths += [size[0]] * len(keep)
+            times += [frame.t_s] * len(keep)
         if not kept:
             return []
         xy = np.concatenate(self.fusion.place_all(kept))
@@ -177,9 +179,9 @@ class RigTracker:
         cut: list[bool] = cut_by_side(boxes, np.array(widths, np.float64)).tolist()
         placed: list[bool] = np.isfinite(xy).all(axis=1).astype(np.bool_).tolist()
         return [
-            Observation(camera, track, name, (box[0], box[1], box[2], box[3]), (x, y), truncated)
-            for camera, track, name, box, (x, y), truncated, ok in zip(
-                cameras, ids, names, boxes.tolist(), xy.tolist(), cut, placed, strict=True
+            Observation(camera, track, name, (box[0], box[1], box[2], box[3]), (x, y), cut_, t)
+            for camera, track, name, box, (x, y), cut_, t, ok in zip(
+                cameras, ids, names, boxes.tolist(), xy.tolist(), cut, times, placed, strict=True
             )
             if ok
         ]
