@@ -110,9 +110,7 @@ class _Object:
     placed: int = 1
     seen_by: set[str] = field(default_factory=set)
     rough: bool = False  # its place came from boxes cut by the image's side only
-    track: deque[tuple[float, float, float]] = field(
-        default_factory=lambda: deque(maxlen=SPEED_PLACES)
-    )  # its latest places (t, x, y), for its speed
+    fit: _SpeedFit = field(default_factory=lambda: _SpeedFit())  # its speed
 
     def at(self, t_s: float) -> Place:
         """Its place at `t_s`, moved on by its speed (back, for a sighting a little older
@@ -123,21 +121,44 @@ class _Object:
         return (self.xy[0] + self.velocity[0] * dt, self.xy[1] + self.velocity[1] * dt)
 
 
-def _slope(track: Sequence[tuple[float, float, float]]) -> Place | None:
-    """The speed (m/s, x and y) of the least-squares line through an object's latest places
-    (t, x, y); None until they span 0.1 s. One place is off by a metre or so at 20 m, so a
-    speed from two places a frame apart is off by metres per second; a line through a
-    second's worth is off by about one."""
-    if len(track) < 3 or track[-1][0] - track[0][0] < 0.1:
-        return None
-    n = len(track)
-    mt = sum(p[0] for p in track) / n
-    mx = sum(p[1] for p in track) / n
-    my = sum(p[2] for p in track) / n
-    stt = sum((p[0] - mt) ** 2 for p in track)
-    vx = sum((p[0] - mt) * (p[1] - mx) for p in track) / stt
-    vy = sum((p[0] - mt) * (p[2] - my) for p in track) / stt
-    return (vx, vy)
+class _SpeedFit:
+    """The least-squares line through an object's latest places (t, x, y), kept as running
+    sums so that each new place costs the same whatever the window. One place is off by a
+    metre or so at 20 m, so a speed from two places a frame apart is off by metres per
+    second; a line through a second's worth is off by about one."""
+
+    __slots__ = ("_places", "_sums", "_t0")
+
+    def __init__(self) -> None:
+        self._t0: float | None = None  # times are kept from here (small numbers, exact sums)
+        self._places: deque[tuple[float, float, float]] = deque()
+        self._sums = [0.0] * 6  # t, x, y, t*t, t*x, t*y
+
+    @property
+    def last_t(self) -> float | None:
+        return None if not self._places else self._places[-1][0] + (self._t0 or 0.0)
+
+    def add(self, t_s: float, x: float, y: float) -> None:
+        if self._t0 is None:
+            self._t0 = t_s
+        t = t_s - self._t0
+        sums = self._sums
+        if len(self._places) == SPEED_PLACES:
+            ot, ox, oy = self._places.popleft()
+            for k, v in enumerate((ot, ox, oy, ot * ot, ot * ox, ot * oy)):
+                sums[k] -= v
+        self._places.append((t, x, y))
+        for k, v in enumerate((t, x, y, t * t, t * x, t * y)):
+            sums[k] += v
+
+    def velocity(self) -> Place | None:
+        """(vx, vy) in m/s; None until the places span 0.1 s."""
+        n = len(self._places)
+        if n < 3 or self._places[-1][0] - self._places[0][0] < 0.1:
+            return None
+        st, sx, sy, stt, stx, sty = self._sums
+        den = n * stt - st * st
+        return ((n * stx - st * sx) / den, (n * sty - st * sy) / den)
 
 
 def _moved(obs: Observation, velocity: Place | None, t_s: float) -> Place:
@@ -460,9 +481,10 @@ class RigFusion:
     def _update(self, gid: int, group: Sequence[Observation], t_s: float) -> RigObject:
         obj = self._objects[gid]
         xy = x, y = _mean_place(group, obj.velocity, t_s)
-        if not obj.track or t_s - obj.track[-1][0] > 0.02:  # places at least 20 ms apart
-            obj.track.append((t_s, x, y))
-            obj.velocity = _slope(obj.track)
+        last = obj.fit.last_t
+        if last is None or t_s - last > 0.02:  # places at least 20 ms apart
+            obj.fit.add(t_s, x, y)
+            obj.velocity = obj.fit.velocity()
         obj.xy, obj.t_s, obj.placed = xy, t_s, obj.placed + 1
         obj.rough = all(o.truncated for o in group)
         if len(group) > 1:  # the class most of its sightings say
