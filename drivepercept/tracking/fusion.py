@@ -14,17 +14,21 @@ object and share a global id, held over time:
    (a pixel spans more ground far away); one assignment (Hungarian) per camera;
 3. what is left is a new object.
 
-An object's place is the mean of its sightings' places, its speed their change over time
-(smoothed). A camera without intrinsics and extrinsics, or whose view never meets the ground
-(pitched at the sky), places nothing: its tracks keep their per-camera ids (global id -1), and
-one log line says so.
+Places are compared at one time: a step's frames can be a few frames apart (each camera's
+decoder runs at its own pace), so an object's place is moved by its speed to each sighting's
+frame time, and its place for the step is the mean of its sightings' places moved to the
+step's time. Its speed is the least-squares line through its latest places.
+
+A camera without intrinsics and extrinsics, or whose view never meets the ground (pitched at
+the sky), places nothing: its tracks keep their per-camera ids (global id -1), and one log
+line says so.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,6 +39,14 @@ from scipy.optimize import linear_sum_assignment
 from drivepercept.errors import ConfigError
 from drivepercept.geometry import Extrinsics, Intrinsics, camera_rotation, ground_points_of_rows
 from drivepercept.rig import CameraConfig
+from drivepercept.tracking.places import (
+    MAX_BACK_S,
+    Observation,
+    Place,
+    SpeedFit,
+    cut_by_side,
+    mean_place,
+)
 from drivepercept.types.objects import RigObject, Sighting
 
 log = logging.getLogger(__name__)
@@ -49,10 +61,6 @@ _FAR = 1e9
 # the gate for a place from a box cut by the image's side (its bottom centre is not the
 # object's: only its range is sound, its bearing is off by up to half the object)
 ROUGH_GATE = 2.5
-# how far back an object's place is moved for a sighting older than it, and how far a
-# sighting is moved to its step's time (seconds): frames of one batch are a few apart
-MAX_BACK_S = 0.5
-SPEED_PLACES = 20  # an object's speed is fitted to this many latest places (15 fps: 1.3 s)
 
 
 @dataclass(frozen=True)
@@ -84,22 +92,6 @@ class FusionParams:
             raise ConfigError(f"fusion gate_per_m must be >= 0, got {self.gate_per_m!r}")
 
 
-@dataclass(frozen=True)
-class Observation:
-    """A confirmed track's box in one camera at this step, placed on the ground."""
-
-    camera: str
-    track_id: int
-    class_name: str
-    xyxy: tuple[float, float, float, float]
-    xy: tuple[float, float]
-    truncated: bool = False  # cut by the image's side: a rougher place
-    t_s: float | None = None  # its frame's time (None: the step's)
-
-
-Place = tuple[float, float]  # ego x, y (m); plain floats: the fusion's work is per object
-
-
 @dataclass
 class _Object:
     id: int
@@ -110,7 +102,7 @@ class _Object:
     placed: int = 1
     seen_by: set[str] = field(default_factory=set)
     rough: bool = False  # its place came from boxes cut by the image's side only
-    fit: _SpeedFit = field(default_factory=lambda: _SpeedFit())  # its speed
+    fit: SpeedFit = field(default_factory=lambda: SpeedFit())  # its speed
 
     def at(self, t_s: float) -> Place:
         """Its place at `t_s`, moved on by its speed (back, for a sighting a little older
@@ -121,84 +113,12 @@ class _Object:
         return (self.xy[0] + self.velocity[0] * dt, self.xy[1] + self.velocity[1] * dt)
 
 
-class _SpeedFit:
-    """The least-squares line through an object's latest places (t, x, y), kept as running
-    sums so that each new place costs the same whatever the window. One place is off by a
-    metre or so at 20 m, so a speed from two places a frame apart is off by metres per
-    second; a line through a second's worth is off by about one."""
-
-    __slots__ = ("_places", "_sums", "_t0")
-
-    def __init__(self) -> None:
-        self._t0: float | None = None  # times are kept from here (small numbers, exact sums)
-        self._places: deque[tuple[float, float, float]] = deque()
-        self._sums = [0.0] * 6  # t, x, y, t*t, t*x, t*y
-
-    @property
-    def last_t(self) -> float | None:
-        return None if not self._places else self._places[-1][0] + (self._t0 or 0.0)
-
-    def add(self, t_s: float, x: float, y: float) -> None:
-        if self._t0 is None:
-            self._t0 = t_s
-        t = t_s - self._t0
-        sums = self._sums
-        if len(self._places) == SPEED_PLACES:
-            ot, ox, oy = self._places.popleft()
-            for k, v in enumerate((ot, ox, oy, ot * ot, ot * ox, ot * oy)):
-                sums[k] -= v
-        self._places.append((t, x, y))
-        for k, v in enumerate((t, x, y, t * t, t * x, t * y)):
-            sums[k] += v
-
-    def velocity(self) -> Place | None:
-        """(vx, vy) in m/s; None until the places span 0.1 s."""
-        n = len(self._places)
-        if n < 3 or self._places[-1][0] - self._places[0][0] < 0.1:
-            return None
-        st, sx, sy, stt, stx, sty = self._sums
-        den = n * stt - st * st
-        return ((n * stx - st * sx) / den, (n * sty - st * sy) / den)
-
-
-def _moved(obs: Observation, velocity: Place | None, t_s: float) -> Place:
-    """A sighting's place at `t_s`: the frames of one batch (one step) can be frames apart
-    (each camera's decoder runs at its own pace), so each is moved by the object's speed
-    from its own frame's time to the step's."""
-    if velocity is None or obs.t_s is None or obs.t_s == t_s:
-        return obs.xy
-    dt = min(max(t_s - obs.t_s, -MAX_BACK_S), MAX_BACK_S)
-    return (obs.xy[0] + velocity[0] * dt, obs.xy[1] + velocity[1] * dt)
-
-
-def _mean_place(group: Sequence[Observation], velocity: Place | None, t_s: float) -> Place:
-    """The sightings' places at `t_s`, averaged; a box cut by the image's side weighs a
-    fifth."""
-    if len(group) == 1:  # the common case, without the weighing
-        return _moved(group[0], velocity, t_s)
-    x = y = total = 0.0
-    for o in group:
-        w = 0.2 if o.truncated else 1.0
-        ox, oy = _moved(o, velocity, t_s)
-        x, y, total = x + w * ox, y + w * oy, total + w
-    return (x / total, y / total)
-
-
 def _kind(class_name: str) -> str:
     return _KIND.get(class_name, class_name)
 
 
 def _gate(params: FusionParams, xy: Place) -> float:
     return params.gate_m + params.gate_per_m * math.hypot(xy[0], xy[1])
-
-
-def cut_by_side(
-    xyxy: npt.NDArray[np.float64], width: float | npt.NDArray[np.float64]
-) -> npt.NDArray[np.bool_]:
-    """Boxes `(N, 4)` that touch their image's left or right side (`width`: the image's, one
-    for all or one per box); see `RigFusion.truncated`."""
-    margin = 2.0
-    return np.asarray((xyxy[:, 0] <= margin) | (xyxy[:, 2] >= np.asarray(width) - margin))
 
 
 class RigFusion:
@@ -381,7 +301,7 @@ class RigFusion:
         last place moved on by its speed."""
         seen, obj = now.get(gid), self._objects[gid]
         if seen:
-            return _mean_place(seen, obj.velocity, t_s)
+            return mean_place(seen, obj.velocity, t_s)
         return obj.at(t_s)
 
     def _rough(self, gid: int, now: Mapping[int, list[Observation]]) -> bool:
@@ -480,7 +400,7 @@ class RigFusion:
 
     def _update(self, gid: int, group: Sequence[Observation], t_s: float) -> RigObject:
         obj = self._objects[gid]
-        xy = x, y = _mean_place(group, obj.velocity, t_s)
+        xy = x, y = mean_place(group, obj.velocity, t_s)
         last = obj.fit.last_t
         if last is None or t_s - last > 0.02:  # places at least 20 ms apart
             obj.fit.add(t_s, x, y)

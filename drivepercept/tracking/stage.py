@@ -21,7 +21,8 @@ import numpy as np
 
 from drivepercept.rig import CameraConfig
 from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
-from drivepercept.tracking.fusion import FusionParams, Observation, RigFusion, cut_by_side
+from drivepercept.tracking.fusion import FusionParams, RigFusion
+from drivepercept.tracking.places import Observation, cut_by_side
 from drivepercept.tracking.track_table import CameraBoxes
 from drivepercept.types import Detections, FrameResult
 from drivepercept.types.objects import RigStep
