@@ -222,3 +222,35 @@ def test_two_ids_of_one_object_in_two_cameras_become_one_after_three_steps() -> 
     assert seen[1][("front", 1)] != seen[1][("front_left", 4)]
     assert seen[2][("front", 1)] == seen[2][("front_left", 4)] == a[("front", 1)]
     assert seen[3][("front_left", 4)] == a[("front", 1)]
+
+
+def test_an_objects_speed_follows_its_latest_places_only() -> None:
+    """The speed is a line through the last `SPEED_PLACES` places (running sums, the oldest
+    taken out): noise-free places give the speed exactly, and after a change of speed, once
+    the window holds only new places, the new one (a window that kept old places, or sums
+    that failed to drop them, would blend the two)."""
+    from drivepercept.tracking.places import SPEED_PLACES, SpeedFit
+
+    fit = SpeedFit()
+    fit.add(100.0, 5.0, 1.0)
+    fit.add(100.05, 5.5, 1.0)
+    assert fit.velocity is None  # two places, 0.05 s: too little to fit
+    t, x, y = 100.05, 5.5, 1.0
+    for _ in range(30):
+        t, x, y = t + 0.1, x + 1.0, y - 0.2  # 10 m/s ahead, 2 m/s to the right
+        fit.add(t, x, y)
+    assert fit.velocity == pytest.approx((10.0, -2.0), abs=1e-6)
+    for k in range(SPEED_PLACES):
+        t, x, y = t + 0.1, x - 1.5, y  # now 15 m/s back
+        fit.add(t, x, y)
+        if k < SPEED_PLACES - 2:
+            assert fit.velocity is not None and fit.velocity[0] > -15.0 + 1e-3  # still blended
+    assert fit.velocity == pytest.approx((-15.0, 0.0), abs=1e-6)
+
+
+def test_boxes_cut_by_the_images_side_with_a_width_per_box() -> None:
+    from drivepercept.tracking.places import cut_by_side
+
+    boxes = np.array([[0.0, 0, 50, 50], [100, 0, 639, 50], [100, 0, 639, 50], [3, 0, 9, 9]])
+    got = cut_by_side(boxes, np.array([640.0, 640.0, 1280.0, 640.0]))
+    assert got.tolist() == [True, True, False, False]

@@ -44,8 +44,8 @@ from drivepercept.tracking.places import (
     Observation,
     Place,
     SpeedFit,
-    cut_by_side,
     mean_place,
+    time_of,
 )
 from drivepercept.types.objects import RigObject, Sighting
 
@@ -98,11 +98,14 @@ class _Object:
     class_name: str
     xy: Place
     t_s: float
-    velocity: Place | None = None
     placed: int = 1
     seen_by: set[str] = field(default_factory=set)
     rough: bool = False  # its place came from boxes cut by the image's side only
     fit: SpeedFit = field(default_factory=lambda: SpeedFit())  # its speed
+
+    @property
+    def velocity(self) -> Place | None:
+        return self.fit.velocity
 
     def at(self, t_s: float) -> Place:
         """Its place at `t_s`, moved on by its speed (back, for a sighting a little older
@@ -243,14 +246,6 @@ class RigFusion:
             row = self._rows[camera] = np.array([*k, *rotation, *extrinsics.position_m])
         return row
 
-    def truncated(
-        self, xyxy: npt.NDArray[np.float64], frame_size: tuple[int, int]
-    ) -> npt.NDArray[np.bool_]:
-        """Boxes cut by the image's left or right edge: their bottom centre is not the
-        object's (the object goes on outside the image), so they join on a wider gate and
-        weigh less in the object's place."""
-        return cut_by_side(np.asarray(xyxy, np.float64).reshape(-1, 4), frame_size[0])
-
     def _check_placing(self, camera: str, xy: npt.NDArray[np.float64]) -> None:
         """One line for a camera that has boxes but never places any (its view does not
         meet the ground: pitched at the sky, or mounted below the ground)."""
@@ -320,7 +315,7 @@ class RigFusion:
         ):
             return False
         x, y = obs.xy
-        wx, wy = self._where(gid, now, t_s if obs.t_s is None else obs.t_s)
+        wx, wy = self._where(gid, now, time_of(obs, t_s))
         return math.hypot(x - wx, y - wy) <= 3 * _gate(self.params, obs.xy)
 
     def _match(
@@ -333,7 +328,7 @@ class RigFusion:
         candidates = [gid for gid, o in self._objects.items() if camera not in o.seen_by]
         cost = np.full((len(group), len(candidates)), _FAR)
         if candidates:
-            t_frame = t_s if group[0].t_s is None else group[0].t_s  # one frame per camera
+            t_frame = time_of(group[0], t_s)  # one frame per camera in a step
             places = np.array([self._where(gid, now, t_frame) for gid in candidates])
             kinds = np.array([_kind(self._objects[gid].class_name) for gid in candidates])
             rough = np.array([self._rough(gid, now) for gid in candidates])
@@ -393,9 +388,7 @@ class RigFusion:
         gid = self._next_id
         self._next_id += 1
         self.objects_made += 1
-        self._objects[gid] = _Object(
-            gid, obs.class_name, obs.xy, t_s if obs.t_s is None else obs.t_s
-        )
+        self._objects[gid] = _Object(gid, obs.class_name, obs.xy, time_of(obs, t_s))
         return gid
 
     def _update(self, gid: int, group: Sequence[Observation], t_s: float) -> RigObject:
@@ -404,7 +397,6 @@ class RigFusion:
         last = obj.fit.last_t
         if last is None or t_s - last > 0.02:  # places at least 20 ms apart
             obj.fit.add(t_s, x, y)
-            obj.velocity = obj.fit.velocity()
         obj.xy, obj.t_s, obj.placed = xy, t_s, obj.placed + 1
         obj.rough = all(o.truncated for o in group)
         if len(group) > 1:  # the class most of its sightings say

@@ -40,12 +40,13 @@ class SpeedFit:
     metre or so at 20 m, so a speed from two places a frame apart is off by metres per
     second; a line through a second's worth is off by about one."""
 
-    __slots__ = ("_places", "_sums", "_t0")
+    __slots__ = ("_places", "_sums", "_t0", "velocity")
 
     def __init__(self) -> None:
         self._t0: float | None = None  # times are kept from here (small numbers, exact sums)
         self._places: deque[tuple[float, float, float]] = deque()
         self._sums = [0.0] * 6  # t, x, y, t*t, t*x, t*y
+        self.velocity: Place | None = None  # (vx, vy) m/s; None until places span 0.1 s
 
     @property
     def last_t(self) -> float | None:
@@ -63,15 +64,18 @@ class SpeedFit:
         self._places.append((t, x, y))
         for k, v in enumerate((t, x, y, t * t, t * x, t * y)):
             sums[k] += v
-
-    def velocity(self) -> Place | None:
-        """(vx, vy) in m/s; None until the places span 0.1 s."""
         n = len(self._places)
         if n < 3 or self._places[-1][0] - self._places[0][0] < 0.1:
-            return None
-        st, sx, sy, stt, stx, sty = self._sums
+            self.velocity = None
+            return
+        st, sx, sy, stt, stx, sty = sums
         den = n * stt - st * st
-        return ((n * stx - st * sx) / den, (n * sty - st * sy) / den)
+        self.velocity = ((n * stx - st * sx) / den, (n * sty - st * sy) / den)
+
+
+def time_of(obs: Observation, step_s: float) -> float:
+    """A sighting's time: its frame's, else (none given) its step's."""
+    return step_s if obs.t_s is None else obs.t_s
 
 
 def moved(obs: Observation, velocity: Place | None, t_s: float) -> Place:
@@ -101,6 +105,7 @@ def cut_by_side(
     xyxy: npt.NDArray[np.float64], width: float | npt.NDArray[np.float64]
 ) -> npt.NDArray[np.bool_]:
     """Boxes `(N, 4)` that touch their image's left or right side (`width`: the image's, one
-    for all or one per box); see `RigFusion.truncated`."""
+    for all or one per box): their bottom centre is not the object's (the object goes on
+    outside the image), so they join on a wider gate and weigh less in the object's place."""
     margin = 2.0
     return np.asarray((xyxy[:, 0] <= margin) | (xyxy[:, 2] >= np.asarray(width) - margin))
