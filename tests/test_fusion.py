@@ -164,7 +164,7 @@ def test_a_rig_without_geometry_says_so_once_and_places_nothing(
     assert not fusion.placing
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "tracking per camera only" in lines[0]
-    got = fusion.place("a", np.array([[0.0, 0.0, 10.0, 10.0]]), (640, 360))
+    got = fusion.ground.place("a", np.array([[0.0, 0.0, 10.0, 10.0]]), (640, 360))
     assert np.isnan(got).all()
 
 
@@ -180,7 +180,7 @@ def test_a_camera_pointing_at_the_sky_is_named_once(caplog: pytest.LogCaptureFix
     fusion = RigFusion((sky,))
     with caplog.at_level(logging.WARNING):
         for _ in range(30):
-            xy = fusion.place("up", np.array([[300.0, 200.0, 340.0, 260.0]] * 3), (640, 360))
+            xy = fusion.ground.place("up", np.array([[300.0, 200.0, 340.0, 260.0]] * 3), (640, 360))
             assert np.isnan(xy).all()
     said = [r.getMessage() for r in caplog.records if "sky" in r.getMessage()]
     assert len(said) == 1 and "camera up" in said[0]
@@ -190,8 +190,8 @@ def test_frames_of_another_size_scale_the_intrinsics() -> None:
     cam = _cams()[0]
     fusion = RigFusion((cam,))
     u, v = _pixel(cam, 14.0, 1.0)
-    full = fusion.place(cam.name, np.array([[u - 5, v - 10, u + 5, v]]), (640, 360))
-    half = fusion.place(
+    full = fusion.ground.place(cam.name, np.array([[u - 5, v - 10, u + 5, v]]), (640, 360))
+    half = fusion.ground.place(
         cam.name, np.array([[u / 2 - 2.5, v / 2 - 5, u / 2 + 2.5, v / 2]]), (320, 180)
     )
     assert np.allclose(full, (14.0, 1.0), atol=1e-3) and np.allclose(half, full, atol=1e-3)
@@ -254,3 +254,39 @@ def test_boxes_cut_by_the_images_side_with_a_width_per_box() -> None:
     boxes = np.array([[0.0, 0, 50, 50], [100, 0, 639, 50], [100, 0, 639, 50], [3, 0, 9, 9]])
     got = cut_by_side(boxes, np.array([640.0, 640.0, 1280.0, 640.0]))
     assert got.tolist() == [True, True, False, False]
+
+
+def test_two_people_joined_the_wrong_way_round_change_over() -> None:
+    """Two pedestrians 2 m apart at 25 m, joined crosswise on the step each camera's second
+    track appeared (each join was within the gate): step after step, each camera's track
+    fits the other object better, and after `swap_steps` steps one camera's pair changes
+    over (one only: both changing would undo it)."""
+    fusion = RigFusion(_cams())
+
+    def seen(front_left_first: bool) -> list[Observation]:
+        obs = [Observation("front", 1, "pedestrian", (0, 0, 1, 1), (25.0, 1.0))]
+        obs.append(Observation("front_right", 5, "pedestrian", (0, 0, 1, 1), (25.0, -1.0)))
+        if not front_left_first:
+            obs.append(Observation("front", 2, "pedestrian", (0, 0, 1, 1), (25.0, -1.0)))
+            obs.append(Observation("front_right", 6, "pedestrian", (0, 0, 1, 1), (25.0, 1.0)))
+        return obs
+
+    links, _ = fusion.step(0.0, seen(True))
+    assert links[("front", 1)] == links[("front_right", 5)]  # one person so far, joined
+    links, _ = fusion.step(0.1, seen(False))
+    assert links[("front", 2)] == links[("front_right", 6)]  # crosswise: each 2 m off
+    steps = fusion.params.swap_steps
+    for k in range(2, 2 + steps):
+        links, _ = fusion.step(k / 10, seen(False))
+        right = links[("front", 1)] == links[("front_right", 6)]
+        assert right == (k >= steps)  # held for `steps` steps, the joining one counted
+    assert links[("front", 2)] == links[("front_right", 5)]
+    for k in range(2 + steps, 8 + steps):  # and it stays so
+        links, _ = fusion.step(k / 10, seen(False))
+    assert links[("front", 1)] == links[("front_right", 6)] != links[("front", 2)]
+
+
+def test_fusion_settings_out_of_range_are_refused() -> None:
+    for bad in ({"swap_gain": 1.5}, {"swap_steps": 0}, {"merge_steps": True}, {"gate_m": 0}):
+        with pytest.raises(ConfigError):
+            FusionParams(**bad)  # type: ignore[arg-type]

@@ -1,8 +1,8 @@
 """One object list for the rig: per-camera tracks placed on the ground and joined.
 
 Each confirmed track's box has a ground contact point, its bottom centre; with the camera's
-intrinsics and mount (`drivepercept.geometry.ground_points`) that pixel's ray meets the
-ground at a place in the ego frame. Tracks of different cameras whose places agree are one
+intrinsics and mount that pixel's ray meets the ground at a place in the ego frame
+(`ground.GroundPlacer`). Tracks of different cameras whose places agree are one
 object and share a global id, held over time:
 
 1. a (camera, track) linked to an object before stays linked, unless its place has moved
@@ -12,7 +12,10 @@ object and share a global id, held over time:
    `keep_s` (their place moved on by their speed: an object handed over from one camera to
    the next). Same kind only (vehicles, people, signs), within a gate that grows with range
    (a pixel spans more ground far away); one assignment (Hungarian) per camera;
-3. what is left is a new object.
+3. what is left is a new object;
+4. two tracks of one camera joined crosswise (each fits the other's object better, against
+   the other cameras' places, step after step) change over;
+5. two objects that different cameras see at one place, step after step, are one.
 
 Places are compared at one time: a step's frames can be a few frames apart (each camera's
 decoder runs at its own pace), so an object's place is moved by its speed to each sighting's
@@ -26,6 +29,7 @@ line says so.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections import defaultdict
@@ -33,12 +37,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
 from drivepercept.errors import ConfigError
-from drivepercept.geometry import Extrinsics, Intrinsics, camera_rotation, ground_points_of_rows
 from drivepercept.rig import CameraConfig
+from drivepercept.tracking.ground import GroundPlacer
 from drivepercept.tracking.places import (
     MAX_BACK_S,
     Observation,
@@ -51,9 +54,6 @@ from drivepercept.types.objects import RigObject, Sighting
 
 log = logging.getLogger(__name__)
 
-# half an object's depth on the ground, by class (m): from the near side a box's bottom shows,
-# to the centre (a car: 4.5 m long, 1.8 m wide, seen from any side on average)
-HALF_DEPTH_M = {"car": 1.6, "truck": 2.5, "bus": 3.0, "cyclist": 0.6, "pedestrian": 0.25}
 # classes that may be one object when two cameras (or one detector over time) disagree
 _KIND = {"car": "vehicle", "truck": "vehicle", "bus": "vehicle", "cyclist": "person"}
 _KIND |= {"pedestrian": "person", "person": "person", "bicycle": "person"}
@@ -74,6 +74,9 @@ class FusionParams:
         max_range_m: places farther than this are not used (a pixel spans metres there).
         merge_m, merge_steps: two objects seen by different cameras within `merge_m` (plus
             3 % of their range) of each other for `merge_steps` steps in a row are one.
+        swap_gain, swap_steps: two tracks of one camera whose objects fit each other better
+            (distances swapped under `swap_gain` of those held; 0: never) for `swap_steps`
+            steps in a row change objects.
     """
 
     gate_m: float = 2.5
@@ -82,6 +85,8 @@ class FusionParams:
     max_range_m: float = 80.0
     merge_m: float = 1.5
     merge_steps: int = 3
+    swap_gain: float = 0.7
+    swap_steps: int = 3
 
     def __post_init__(self) -> None:
         for name in ("gate_m", "keep_s", "max_range_m"):
@@ -90,6 +95,12 @@ class FusionParams:
                 raise ConfigError(f"fusion {name} must be > 0, got {value!r}")
         if not (math.isfinite(self.gate_per_m) and self.gate_per_m >= 0):
             raise ConfigError(f"fusion gate_per_m must be >= 0, got {self.gate_per_m!r}")
+        if not (0.0 <= self.swap_gain <= 1.0):
+            raise ConfigError(f"fusion swap_gain must be in [0, 1], got {self.swap_gain!r}")
+        for name in ("merge_steps", "swap_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"fusion {name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass
@@ -116,6 +127,10 @@ class _Object:
         return (self.xy[0] + self.velocity[0] * dt, self.xy[1] + self.velocity[1] * dt)
 
 
+def _dist(a: Place, b: Place) -> float:
+    return math.hypot(a[0] - b[0], a[1] - b[1])
+
+
 def _kind(class_name: str) -> str:
     return _KIND.get(class_name, class_name)
 
@@ -135,134 +150,18 @@ class RigFusion:
 
     def __init__(self, cameras: Sequence[CameraConfig], params: FusionParams | None = None):
         self.params = params or FusionParams()
-        self._geometry: dict[str, tuple[Intrinsics, Extrinsics, tuple[int, int] | None]] = {}
-        for cam in cameras:
-            if cam.intrinsics is not None and cam.extrinsics is not None:
-                self._geometry[cam.name] = (cam.intrinsics, cam.extrinsics, cam.size)
-        missing = [c.name for c in cameras if c.name not in self._geometry]
-        if not self._geometry:
-            log.warning(
-                "tracking per camera only: the rig has no camera geometry (intrinsics and "
-                "extrinsics in rig.toml) to place objects around the vehicle"
-            )
-        elif missing:
-            log.warning(
-                "tracking: camera(s) %s have no geometry; their tracks are not joined with "
-                "the others", ", ".join(missing)
-            )  # fmt: skip
-        self._rows: dict[str, npt.NDArray[np.float64]] = {}
+        self.ground = GroundPlacer(cameras, max_range_m=self.params.max_range_m)
         self._links: dict[tuple[str, int], int] = {}
         self._close: dict[tuple[int, int], int] = {}  # object pairs close for n steps
+        self._crossed: dict[tuple[str, int, int], int] = {}  # track pairs better swapped
         self._objects: dict[int, _Object] = {}
         self._next_id = 1
-        self._never_placed = {name: 0 for name in self._geometry}  # boxes, while none placed
-        self._warned: set[str] = set()
         self.objects_made = 0
 
     @property
     def placing(self) -> bool:
         """Whether any camera has the geometry to place objects."""
-        return bool(self._geometry)
-
-    def place(
-        self,
-        camera: str,
-        xyxy: npt.NDArray[np.float64],
-        frame_size: tuple[int, int],
-        class_names: Sequence[str] = (),
-    ) -> npt.NDArray[np.float64]:
-        """(N, 2) ground places (ego x, y) of the objects behind boxes; NaN where a box cannot
-        be placed (a camera without geometry, a point at or above the horizon, too far).
-
-        A box's bottom centre is where the object's near side meets the ground; its centre
-        is about half its depth farther along the camera's line of sight (`HALF_DEPTH_M` of
-        its class), so that two cameras seeing different sides place it alike."""
-        return self.place_all([(camera, xyxy, frame_size, class_names)])[0]
-
-    def place_all(
-        self,
-        frames: Sequence[tuple[str, npt.NDArray[np.float64], tuple[int, int], Sequence[str]]],
-    ) -> list[npt.NDArray[np.float64]]:
-        """`place` for several frames (camera, boxes, frame size, class names) at once: the
-        projection of a whole batch's boxes is one set of array operations."""
-        parts, rows, scales, depths, counts = [], [], [], [], []
-        for camera, xyxy, frame_size, class_names in frames:
-            boxes = np.asarray(xyxy, np.float64).reshape(-1, 4)
-            geometry = self._geometry.get(camera)
-            if geometry is None or not len(boxes):
-                counts.append(-len(boxes))  # unplaced: NaN rows
-                continue
-            size = geometry[2]
-            if size is not None and size != frame_size and size[0] > 0 and size[1] > 0:
-                # the rig's intrinsics are for its size: a frame of another size scales them
-                scales.append((size[0] / frame_size[0], size[1] / frame_size[1]))
-            else:
-                scales.append((1.0, 1.0))
-            parts.append(boxes)
-            rows.append(self._row(camera))
-            names = class_names if len(class_names) else [""] * len(boxes)
-            depths += [HALF_DEPTH_M.get(n, 0.0) for n in names]
-            counts.append(len(boxes))
-        xy_all = np.zeros((0, 2))
-        if parts:
-            boxes = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            placed = [n for n in counts if n > 0]
-            # per box: fx, fy, cx, cy, the rotation's 9, the mount's 3; the frame's scale
-            row = np.repeat(np.array(rows), placed, axis=0)
-            scale = np.repeat(np.array(scales), placed, axis=0)
-            uv = np.empty((len(boxes), 2))
-            uv[:, 0] = (boxes[:, 0] + boxes[:, 2]) * 0.5
-            uv[:, 1] = boxes[:, 3]
-            xy_all = ground_points_of_rows(
-                uv * scale,
-                row[:, :4],
-                row[:, 4:13].reshape(-1, 3, 3),
-                row[:, 13:16],
-                max_range_m=self.params.max_range_m,
-            )
-            sight = xy_all - row[:, 13:15]
-            dist = np.hypot(sight[:, 0], sight[:, 1])
-            depth = np.array(depths)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                xy_all = xy_all + sight * (depth / np.where(dist > 0, dist, np.inf))[:, None]
-        out, start = [], 0
-        for (camera, *_), count in zip(frames, counts, strict=True):
-            if count <= 0:
-                out.append(np.full((-count, 2), np.nan))
-                continue
-            xy = xy_all[start : start + count]
-            start += count
-            self._check_placing(camera, xy)
-            out.append(xy)
-        return out
-
-    def _row(self, camera: str) -> npt.NDArray[np.float64]:
-        """A placed camera's constants for `ground_points_of_rows`, as one row."""
-        row = self._rows.get(camera)
-        if row is None:
-            intrinsics, extrinsics, _ = self._geometry[camera]
-            k = [intrinsics.fx, intrinsics.fy, intrinsics.cx, intrinsics.cy]
-            rotation = camera_rotation(extrinsics).ravel().tolist()
-            row = self._rows[camera] = np.array([*k, *rotation, *extrinsics.position_m])
-        return row
-
-    def _check_placing(self, camera: str, xy: npt.NDArray[np.float64]) -> None:
-        """One line for a camera that has boxes but never places any (its view does not
-        meet the ground: pitched at the sky, or mounted below the ground)."""
-        if camera in self._warned or camera not in self._never_placed:
-            return
-        if np.isfinite(xy).all(axis=1).any():
-            del self._never_placed[camera]
-            return
-        self._never_placed[camera] += len(xy)
-        if self._never_placed[camera] >= 50:
-            self._warned.add(camera)
-            log.warning(
-                "tracking: camera %s placed none of its last %d boxes on the ground (does "
-                "its rig geometry point it at the sky?); its tracks stay per camera",
-                camera,
-                self._never_placed[camera],
-            )
+        return self.ground.placing
 
     def step(
         self, t_s: float, observations: Sequence[Observation]
@@ -284,6 +183,7 @@ class RigFusion:
                 pending[obs.camera].append(obs)
         for camera, group in pending.items():
             self._match(camera, group, now, t_s)
+        self._swap(now, t_s)
         self._merge(now, t_s)
         objects = tuple(self._update(gid, group, t_s) for gid, group in sorted(now.items()))
         ids = {(o.camera, o.track_id): gid for gid, group in now.items() for o in group}
@@ -349,6 +249,43 @@ class RigFusion:
             self._links[(obs.camera, obs.track_id)] = gid
             now[gid].append(obs)
             self._objects[gid].seen_by.add(camera)
+
+    def _swap(self, now: dict[int, list[Observation]], t_s: float) -> None:
+        """Two tracks of one camera, each joined to an object other cameras see too, that
+        fit each other's object better (their places against the other cameras' sightings:
+        the pair's summed distance swapped under `swap_gain` of it held) `swap_steps` steps
+        in a row change over: a join decided on one ambiguous step (two people walking
+        together far away, placed 1-2 m off along the line of sight) is not held for ever."""
+        others: dict[str, list[tuple[Observation, list[Observation], Place | None]]]
+        others = defaultdict(list)  # camera -> (its sighting, the other cameras', speed)
+        for gid, group in now.items():
+            for o in group if len(group) > 1 else ():
+                rest = [other for other in group if other.camera != o.camera]
+                others[o.camera].append((o, rest, self._objects[gid].velocity))
+        crossed: dict[tuple[str, int, int], int] = {}
+        for camera, sightings in others.items():
+            for (a, rest_a, va), (b, rest_b, vb) in itertools.combinations(sightings, 2):
+                if _kind(a.class_name) != _kind(b.class_name):
+                    continue
+                ta, tb = time_of(a, t_s), time_of(b, t_s)
+                held = _dist(a.xy, mean_place(rest_a, va, ta))
+                held += _dist(b.xy, mean_place(rest_b, vb, tb))
+                swapped = _dist(a.xy, mean_place(rest_b, vb, ta))
+                swapped += _dist(b.xy, mean_place(rest_a, va, tb))
+                if swapped < self.params.swap_gain * held:
+                    key = (camera, a.track_id, b.track_id)
+                    crossed[key] = self._crossed.get(key, 0) + 1
+        self._crossed = {k: n for k, n in crossed.items() if n < self.params.swap_steps}
+        changed: set[int] = set()
+        for camera, track_a, track_b in (k for k in crossed if k not in self._crossed):
+            ga, gb = self._links[(camera, track_a)], self._links[(camera, track_b)]
+            if ga in changed or gb in changed:
+                continue  # one change a step per object: the other camera's would undo it
+            changed |= {ga, gb}
+            a = next(o for o in now[ga] if o.camera == camera)
+            b = next(o for o in now[gb] if o.camera == camera)
+            now[ga][now[ga].index(a)], now[gb][now[gb].index(b)] = b, a
+            self._links[(camera, track_a)], self._links[(camera, track_b)] = gb, ga
 
     def _merge(self, now: dict[int, list[Observation]], t_s: float) -> None:
         """Two objects that different cameras see at one place, step after step, are one:

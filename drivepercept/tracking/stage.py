@@ -175,7 +175,7 @@ class RigTracker:
             times += [frame.t_s] * len(keep)
         if not kept:
             return []
-        xy = np.concatenate(self.fusion.place_all(kept))
+        xy = np.concatenate(self.fusion.ground.place_all(kept))
         boxes = np.concatenate([k[1] for k in kept])
         cut: list[bool] = cut_by_side(boxes, np.array(widths, np.float64)).tolist()
         placed: list[bool] = np.isfinite(xy).all(axis=1).astype(np.bool_).tolist()
