@@ -256,23 +256,19 @@ class RigFusion:
         the pair's summed distance swapped under `swap_gain` of it held) `swap_steps` steps
         in a row change over: a join decided on one ambiguous step (two people walking
         together far away, placed 1-2 m off along the line of sight) is not held for ever."""
-        others: dict[str, list[tuple[Observation, list[Observation], Place | None]]]
-        others = defaultdict(list)  # camera -> (its sighting, the other cameras', speed)
-        for gid, group in now.items():
+        others: dict[str, list[tuple[Observation, Place]]] = defaultdict(list)
+        for gid, group in now.items():  # per sighting: where the other cameras place it
             for o in group if len(group) > 1 else ():
                 rest = [other for other in group if other.camera != o.camera]
-                others[o.camera].append((o, rest, self._objects[gid].velocity))
+                velocity = self._objects[gid].velocity
+                others[o.camera].append((o, mean_place(rest, velocity, time_of(o, t_s))))
         crossed: dict[tuple[str, int, int], int] = {}
-        for camera, sightings in others.items():
-            for (a, rest_a, va), (b, rest_b, vb) in itertools.combinations(sightings, 2):
+        for camera, sightings in others.items():  # a camera's sightings: one frame, one time
+            for (a, pa), (b, pb) in itertools.combinations(sightings, 2):
                 if _kind(a.class_name) != _kind(b.class_name):
                     continue
-                ta, tb = time_of(a, t_s), time_of(b, t_s)
-                held = _dist(a.xy, mean_place(rest_a, va, ta))
-                held += _dist(b.xy, mean_place(rest_b, vb, tb))
-                swapped = _dist(a.xy, mean_place(rest_b, vb, ta))
-                swapped += _dist(b.xy, mean_place(rest_a, va, tb))
-                if swapped < self.params.swap_gain * held:
+                held = _dist(a.xy, pa) + _dist(b.xy, pb)
+                if _dist(a.xy, pb) + _dist(b.xy, pa) < self.params.swap_gain * held:
                     key = (camera, a.track_id, b.track_id)
                     crossed[key] = self._crossed.get(key, 0) + 1
         self._crossed = {k: n for k, n in crossed.items() if n < self.params.swap_steps}
