@@ -69,6 +69,10 @@ class PipelineConfig:
             share of the torch threads (`engine/lanes.py`); 0 = one lane per torch thread (at
             most the rig's batch), 1 = one batch with every operation spread over the threads.
             Ignored on a GPU, for ONNX models, with compile and with CUDA graphs.
+        cpu_prepack: on a CPU in float32, run the torch model's convolutions with their
+            weights laid out for oneDNN once, each checked against the eager one on a sample
+            batch when the engine is set up (`engine/prepack.py`; YOLOv8n 1.14x, tiny 1.3x).
+            Ignored on a GPU, for ONNX models, with compile and in bf16/fp16.
     """
 
     batch_timeout_ms: float = 20.0
@@ -90,6 +94,7 @@ class PipelineConfig:
     cuda_graphs: bool = False
     torch_threads: int = 0
     cpu_lanes: int = 0
+    cpu_prepack: bool = True
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -440,6 +440,7 @@ class Pipeline:
             runtime=runtime() if runtime is not None else None,
             telemetry=self.sampler.describe() if self.sampler is not None else None,
             sinks={name: r.as_dict() for name, r in self.sinks.report().items()},
+            packing=step.packing,
         )
 
     def progress(self) -> RunProgress:

@@ -125,6 +125,7 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ("--cuda-graphs", "switch", "replay the full batch as one CUDA graph (default off)"),
         ("--torch-threads", int, "the model's threads, torch or ORT (default 0: one per core)"),
         ("--cpu-lanes", int, "CPU: sub-batches run at once (default 0: one per torch thread)"),
+        ("--cpu-prepack", "switch", "CPU fp32: convolutions packed for oneDNN (default on)"),
         ("--score-threshold", real, "default 0.3"),
         ("--queue-capacity", int, "frames waiting per camera (default 4; live 1)"),
         ("--max-frames", int, "stop each camera after N frames"),

@@ -9,12 +9,14 @@ side.
 With `compile` the model call goes through `engine/compiled.py` (compiled in the warm-up,
 eager after one warning if it cannot be), with `cuda_graphs` the whole forward (autocast
 included) through `engine/graphs.py` (one CUDA graph at the full batch, replayed). On a CPU
-the model call runs as sub-batches at once, one per lane (`engine/lanes.py`).
+the model call runs as sub-batches at once, one per lane (`engine/lanes.py`), and in float32
+its convolutions run with their weights packed for oneDNN (`engine/prepack.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch
@@ -24,11 +26,20 @@ from drivepercept.engine.compiled import CompiledModel
 from drivepercept.engine.graphs import GraphedForward
 from drivepercept.engine.lanes import Lanes, plan_lanes, threads_per_lane
 from drivepercept.engine.precision import autocast, set_reduced_precision
+from drivepercept.engine.prepack import prepack_convolutions
+from drivepercept.engine.prepack import unavailable as prepack_unavailable
 from drivepercept.engine.stages import label_table, postprocess, to_model_input
 from drivepercept.errors import ConfigError
-from drivepercept.models.base import Detector, ModelError
+from drivepercept.models.base import Detector, InputSpec, ModelError
 
 Outputs = list[dict[str, torch.Tensor]]
+
+log = logging.getLogger(__name__)
+SAMPLE_SEED = 20251202  # the packing check's made frame: the same every set-up
+
+
+def _seeded() -> torch.Generator:
+    return torch.Generator().manual_seed(SAMPLE_SEED)
 
 
 class DetectorStep:
@@ -84,6 +95,25 @@ class DetectorStep:
         # and runs on one torch thread, as a team of torch threads would wait for cores the
         # runtime's threads hold (docs/BENCHMARKS.md, "Glue on one torch thread").
         self.glue_threads = 1 if detector.runtime is not None and device.type == "cpu" else 0
+        # the model's torch threads in all: as configured, else the creating thread's count
+        self.threads = config.torch_threads or torch.get_num_threads()
+        eligible = detector.runtime is None and not config.compile and not config.cuda_graphs
+        lanes = plan_lanes(
+            config.cpu_lanes,
+            device=device,
+            threads=self.threads,
+            max_batch=max_batch,
+            eligible=eligible,
+        )
+        self.lanes = Lanes(lanes, threads=threads_per_lane(self.threads, lanes), total=self.threads)
+        self.packing = self._why_not_packed(config, device)
+        if not self.packing:
+            packed = prepack_convolutions(
+                model, self._sample(detector.input), batch=-(-max(max_batch, 1) // lanes)
+            )
+            model = packed.model
+            self.packing = packed.describe()
+            log.info("model %s: %s", detector.name, self.packing)
         self.model = model
         self._whole_autocast = parts is None
         self.compiled = CompiledModel(model, name=detector.name) if config.compile else None
@@ -100,17 +130,31 @@ class DetectorStep:
         # what the pipeline reports: the kept classes, renamed and merged as the detector says
         self.class_names, table = detector.output_classes()
         self.remap = label_table(table, device)
-        # the model's torch threads in all: as configured, else the creating thread's count
-        self.threads = config.torch_threads or torch.get_num_threads()
-        eligible = detector.runtime is None and not config.compile and not config.cuda_graphs
-        lanes = plan_lanes(
-            config.cpu_lanes,
-            device=device,
-            threads=self.threads,
-            max_batch=max_batch,
-            eligible=eligible,
+
+    def _why_not_packed(self, config: PipelineConfig, device: torch.device) -> str:
+        """Why the convolutions are not packed for oneDNN ("" where they are to be)."""
+        if self.detector.runtime is not None:
+            return "another runtime"
+        if not config.cpu_prepack:
+            return "off"
+        if config.compile:
+            return "compile"
+        return prepack_unavailable(device, config.precision) or ""
+
+    def _sample(self, spec: InputSpec) -> torch.Tensor:
+        """One made frame as the model gets it, for checking the packed convolutions (mid-grey
+        noise: every value range of the input is reached, nothing depends on the footage)."""
+        w, h = spec.size
+        frames = torch.randint(0, 256, (1, h, w, 3), dtype=torch.uint8, generator=_seeded())
+        mean = torch.tensor(spec.mean).view(1, 3, 1, 1)
+        std = torch.tensor(spec.std).view(1, 3, 1, 1)
+        return to_model_input(
+            frames,
+            mean=mean,
+            std=std,
+            channels_last=self.channels_last,
+            value_range=spec.value_range,
         )
-        self.lanes = Lanes(lanes, threads=threads_per_lane(self.threads, lanes), total=self.threads)
 
     def close(self) -> None:
         """End the lane threads; idempotent."""

@@ -67,9 +67,12 @@ if TYPE_CHECKING:
     from drivepercept.tracking.stage import RigTracker
 
 
-def environment(device: str, *, threads: int | None = None, lanes: int = 1) -> dict[str, Any]:
+def environment(
+    device: str, *, threads: int | None = None, lanes: int = 1, packing: str = ""
+) -> dict[str, Any]:
     """Versions and device names; the model's torch threads in all (torch's count now when
-    not given) and the CPU lanes they are shared among (`engine/lanes.py`)."""
+    not given), the CPU lanes they are shared among (`engine/lanes.py`) and what was done
+    to its convolutions (`engine/prepack.py`)."""
     env: dict[str, Any] = {
         "drivepercept": __version__,
         "python": platform.python_version(),
@@ -81,6 +84,7 @@ def environment(device: str, *, threads: int | None = None, lanes: int = 1) -> d
         "device": device,
         "cpu_threads": torch.get_num_threads() if threads is None else threads,
         "cpu_lanes": lanes,
+        "cpu_prepack": packing,
         "omp_wait_policy": wait_policy(),
     }
     if device.startswith("cuda"):
@@ -206,7 +210,12 @@ def first_record(
         ),
         config=described.config,
         sources=sources_record(cams, readers, live=pacing is Pacing.LIVE),
-        environment=environment(described.device, threads=described.threads, lanes=described.lanes),
+        environment=environment(
+            described.device,
+            threads=described.threads,
+            lanes=described.lanes,
+            packing=described.packing,
+        ),
         telemetry=_telemetry(described),
         reconnect=dataclasses.asdict(options.reconnect) if pacing.paced else None,
         duration_s=options.duration_s if pacing.paced else None,

@@ -38,6 +38,8 @@ class PipelineDescription:
         device: where the model runs ("cpu", "cuda:0").
         threads: the model's intra-op threads in all (torch's or the runtime's setting).
         lanes: the CPU lanes those threads are shared among (1 on a GPU or another runtime).
+        packing: what `engine/prepack.py` did to the torch model's convolutions, or why it
+            did not apply ("off", "device cuda", ...).
         runtime: what runs the network besides torch, as its runtime describes itself (ONNX
             Runtime: layout, threads, providers; OpenVINO), None for torch.
         telemetry: the load sampler's findings (rate, GPUs, why GPU metrics are unavailable,
@@ -52,3 +54,4 @@ class PipelineDescription:
     runtime: dict[str, Any] | None
     telemetry: dict[str, Any] | None
     sinks: dict[str, Any]
+    packing: str = ""
