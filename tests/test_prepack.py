@@ -121,9 +121,7 @@ def test_what_packing_does_not_apply_to() -> None:
     assert prepack_convolutions(nn.ReLU(), torch.randn(1, 3, 8, 8)).total == 0
 
 
-@pytest.mark.parametrize(
-    ("name", "size"), [("drivepercept-tiny", None), ("yolox-nano", (160, 96))]
-)
+@pytest.mark.parametrize(("name", "size"), [("drivepercept-tiny", None), ("yolox-nano", (160, 96))])
 def test_bundled_models_give_eager_outputs(name: str, size: tuple[int, int] | None) -> None:
     detector = load_detector(name, weights="none", input_size=size)
     model = _randomise_norms(detector.module.eval())
@@ -153,5 +151,7 @@ def test_the_step_packs_on_a_cpu_and_gives_the_eager_boxes() -> None:
     finally:
         on.close()
         off.close()
-    bf16 = DetectorStep(detector, PipelineConfig(device="cpu", precision="bf16"), torch.device("cpu"))
+    bf16 = DetectorStep(
+        detector, PipelineConfig(device="cpu", precision="bf16"), torch.device("cpu")
+    )
     assert bf16.packing == "precision bf16"
