@@ -155,3 +155,22 @@ def test_the_step_packs_on_a_cpu_and_gives_the_eager_boxes() -> None:
         detector, PipelineConfig(device="cpu", precision="bf16"), torch.device("cpu")
     )
     assert bf16.packing == "precision bf16"
+
+
+def test_a_block_whose_convolution_is_called_alone_is_not_fused() -> None:
+    class Skips(nn.Module):
+        """Calls its block's convolution directly: the block's activation never runs."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = _Block(3, 4, nn.ReLU())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.block.conv(x)
+            return out
+
+    model = _randomise_norms(Skips())
+    x = torch.randn(1, 3, 16, 16)
+    result = prepack_convolutions(model, x)
+    assert result.fused == 0 and result.kept == ("block.conv: its block was not called",)
+    assert _same(model, result.model, x) == 0.0

@@ -174,6 +174,7 @@ class _Chain:
     places: tuple[tuple[nn.Module, str], ...] = ()
     packed: PackedConv2d | None = None  # the checked replacement
     failed: bool = False
+    confirmed: bool = False  # the owner's own output was the chain's
     seen: torch.Tensor | None = None  # an owner's conv input and the packed output, until
     made: torch.Tensor | None = None  # the owner's own output has been compared
 
@@ -225,11 +226,15 @@ def prepack_convolutions(
             why = "differs from eager" if chain.failed else "not reached by the sample"
             kept.append(f"{names.get(conv, '?')}: {why}")
             continue
+        if chain.owner is not None and not chain.confirmed:
+            kept.append(f"{names.get(conv, '?')}: its block was not called")
+            continue
         for parent, name in sites.get(conv, []):
             setattr(parent, name, chain.packed)
-        if chain.fuses:  # the norm and activation in the chain's own places only
-            for parent, name in chain.places:
-                setattr(parent, name, nn.Identity())
+        # the fused norm and activation become Identity in the chain's own places (the
+        # blocks stay: their parents may read their other attributes or index them)
+        for parent, name in chain.places if chain.fuses else ():
+            setattr(parent, name, nn.Identity())
         packed += 1
         fused += int(chain.fuses)
     return PrepackResult(model, len(convs), packed, fused, tuple(kept))
@@ -258,7 +263,7 @@ def _chains(model: nn.Module) -> dict[nn.Conv2d, _Chain]:
             norm, fused_act = _followers([m for m in (bn, act) if m is not None])
             bn_ok = bn is None or norm is not None or isinstance(bn, nn.Identity)
             act_ok = act is None or fused_act is not None or isinstance(act, nn.Identity)
-            if not extra and bn_ok and act_ok:
+            if not extra and bn_ok and act_ok and (norm is not None or fused_act is not None):
                 own: tuple[tuple[nn.Module, str], ...] = tuple(
                     (module, n) for n, m in (("bn", norm), ("act", fused_act)) if m is not None
                 )
@@ -329,6 +334,7 @@ def _owner_hook(chain: _Chain) -> Callable[..., None]:
         if chain.owner is None or chain.failed or x is None or made is None:
             return
         if isinstance(output, torch.Tensor) and _close(made, output):
+            chain.confirmed = True
             return
         chain.unfuse()
         chain.packed = None
