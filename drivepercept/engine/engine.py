@@ -124,6 +124,13 @@ class InferenceEngine:
         # done: the batcher then takes each camera's newest frame just when the engine is
         # free, instead of a batch that ages a whole inference while it waits.
         self._release_early = config.drop_policy == "block"
+        # Replay on CPU lanes: a batch is handed to the lanes and the next one taken at once
+        # (up to max_in_flight launched), the completion thread waiting for its outputs, so
+        # that no lane idles at a batch's end (`Lanes.launch`). Live keeps the compute in
+        # this thread: the batcher then makes each batch just when the engine is free.
+        self._launch_in_lanes = (
+            not self.cuda and self._release_early and self.step.lanes.count > 1
+        )
         self._submit = threading.Thread(
             target=self._guard(self._run_submit), name="engine", daemon=True
         )
@@ -225,6 +232,9 @@ class InferenceEngine:
             if not self.cuda and self._release_early:
                 # the float copy is taken: the staging slot can be refilled right away
                 self._release(staged)
+            if self._launch_in_lanes and staged.batch is not None:
+                launched = self.step.launch(x)  # the completion thread waits for it
+                return InFlight(staged, [], launched=launched, times_ns=times)
             outputs = self.step.forward(x)
             inferred: torch.cuda.Event | None = None
             if self.cuda:
@@ -354,6 +364,9 @@ class InferenceEngine:
         time."""
         staged = flight.staged
         n = staged.size
+        if flight.launched is not None:  # CPU lanes: their outputs, once all are done
+            flight.outputs = flight.launched.wait()
+            flight.times_ns["inference_done"] = flight.launched.done_ns
         if self.cuda:
             assert staged.copied is not None and flight.inferred is not None
             staged.copied.synchronize()

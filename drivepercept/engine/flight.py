@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from drivepercept.engine.lanes import Launched
 from drivepercept.engine.step import Outputs
 from drivepercept.types import Batch
 
@@ -33,6 +34,7 @@ class InFlight:
     staged: Staged
     outputs: Outputs
     inferred: torch.cuda.Event | None = None
+    launched: Launched | None = None  # CPU lanes still computing: `outputs` once waited for
     compute_started: torch.cuda.Event | None = None
     times_ns: dict[str, int] = field(default_factory=dict)
 

@@ -25,6 +25,7 @@ more than one runs in fewer lanes, each on its share of the threads.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -71,6 +72,12 @@ class Lanes:
     after it. An exception in any lane is raised in the
     caller once every lane has finished (no lane is left running on a batch that failed).
     Not re-entrant: one caller (the engine thread, or the benchmark) at a time.
+
+    `launch(fn, x)` hands every part to the lane threads and returns at once: a `Launched`
+    whose `wait()` gives the outputs. Lanes take parts in the order they were launched, so a
+    lane that finishes its part of one batch starts on the next batch's while the other lane
+    still works: no lane waits at a batch's end for the slowest, nor while the engine thread
+    takes and normalises the next batch (the engine's replay path, `InferenceEngine`).
     """
 
     def __init__(
@@ -81,9 +88,14 @@ class Lanes:
         self.count = count
         self.threads = threads  # torch's intra-op threads in each lane
         self.total = max(total, threads)  # the model's threads in all: a one-frame batch's
+        # torch's count where the lanes were made: given back when they close, as the last
+        # count set is the default of the threads started after (a later run's engine)
+        self._given = torch.get_num_threads()
+        # one thread per lane: `map` runs its first part in the caller and leaves one idle,
+        # `launch` runs every part in them
         self._pool = (
             ThreadPoolExecutor(
-                max_workers=count - 1,
+                max_workers=count,
                 thread_name_prefix=name,
                 initializer=torch.set_num_threads,
                 initargs=(threads,),
@@ -104,9 +116,33 @@ class Lanes:
         finally:
             torch.set_num_threads(before)
 
+    def launch(self, fn: Callable[[torch.Tensor], Outputs], x: torch.Tensor) -> Launched:
+        """Every part of `x` to the lane threads, without waiting (see the class docstring);
+        one lane: computed here, as `map` does."""
+        if self._pool is None:
+            return Launched.done(self.map(fn, x))
+        parts = self._parts(x)
+        inference = torch.is_inference_mode_enabled()
+        lone = len(parts) == 1 and parts[0].shape[0] < 2
+
+        def lane(part: torch.Tensor) -> tuple[Outputs, int]:
+            if lone:  # a lone frame: every thread of the model on it
+                torch.set_num_threads(self.total)
+            try:
+                with torch.inference_mode(inference):
+                    return fn(part), time.monotonic_ns()
+            finally:
+                if lone:
+                    torch.set_num_threads(self.threads)
+
+        return Launched([self._pool.submit(lane, p) for p in parts])
+
+    def _parts(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [p for p in torch.tensor_split(x, min(self.count, x.shape[0])) if p.shape[0]]
+
     def _split(self, fn: Callable[[torch.Tensor], Outputs], x: torch.Tensor) -> Outputs:
         assert self._pool is not None
-        parts = [p for p in torch.tensor_split(x, min(self.count, x.shape[0])) if p.shape[0]]
+        parts = self._parts(x)
         inference = torch.is_inference_mode_enabled()
 
         def lane(part: torch.Tensor) -> Outputs:
@@ -126,7 +162,39 @@ class Lanes:
         return outputs
 
     def close(self) -> None:
-        """Stop the lane threads (after the call in progress, if any); idempotent."""
+        """Stop the lane threads (after the parts already handed to them); idempotent."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+            torch.set_num_threads(self._given)
+
+
+class Launched:
+    """A batch's parts handed to the lanes: `wait()` gives their outputs in batch order,
+    once every part is done (an exception in any part is raised then, after all have
+    finished); `done_ns` is when the last part finished (monotonic)."""
+
+    def __init__(self, futures: list[Future[tuple[Outputs, int]]]) -> None:
+        self._futures = futures
+        self._outputs: Outputs | None = None
+        self.done_ns = 0
+
+    @classmethod
+    def done(cls, outputs: Outputs) -> Launched:
+        launched = cls([])
+        launched._outputs, launched.done_ns = outputs, time.monotonic_ns()
+        return launched
+
+    def wait(self) -> Outputs:
+        if self._outputs is None:
+            errors = [f.exception() for f in self._futures]  # waits for every part
+            for error in errors:
+                if error is not None:
+                    raise error
+            outputs: Outputs = []
+            for future in self._futures:
+                part, finished = future.result()
+                outputs = outputs + part
+                self.done_ns = max(self.done_ns, finished)
+            self._outputs = outputs
+        return self._outputs

@@ -24,7 +24,7 @@ import torch
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.compiled import CompiledModel
 from drivepercept.engine.graphs import GraphedForward
-from drivepercept.engine.lanes import Lanes, plan_lanes, threads_per_lane
+from drivepercept.engine.lanes import Lanes, Launched, plan_lanes, threads_per_lane
 from drivepercept.engine.precision import autocast, set_reduced_precision
 from drivepercept.engine.prepack import prepack_convolutions
 from drivepercept.engine.prepack import unavailable as prepack_unavailable
@@ -178,6 +178,15 @@ class DetectorStep:
             return self.graphed(x)
         with self._glue():
             return self._run_model(x)
+
+    def launch(self, x: torch.Tensor) -> Launched:
+        """The model on a normalised batch, handed to the CPU lanes without waiting (call
+        under `torch.inference_mode()`); `forward`'s work otherwise, done before it returns
+        (one lane, CUDA graphs)."""
+        if self.graphed is not None or self.lanes.count < 2:
+            return Launched.done(self.forward(x))
+        with self._glue():
+            return self.lanes.launch(self._call_model, x)
 
     def _run_model(self, x: torch.Tensor) -> Outputs:
         return self.lanes.map(self._call_model, x)
