@@ -128,9 +128,7 @@ class InferenceEngine:
         # (up to max_in_flight launched), the completion thread waiting for its outputs, so
         # that no lane idles at a batch's end (`Lanes.launch`). Live keeps the compute in
         # this thread: the batcher then makes each batch just when the engine is free.
-        self._launch_in_lanes = (
-            not self.cuda and self._release_early and self.step.lanes.count > 1
-        )
+        self._launch_in_lanes = not self.cuda and self._release_early and self.step.lanes.count > 1
         self._submit = threading.Thread(
             target=self._guard(self._run_submit), name="engine", daemon=True
         )
