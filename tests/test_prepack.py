@@ -130,7 +130,13 @@ def test_bundled_models_give_eager_outputs(name: str, size: tuple[int, int] | No
     result = prepack_convolutions(model, x[:1], batch=3)
     assert result.packed == result.total > 0 and not result.kept
     assert result.fused > result.total // 2
-    assert _same(model, result.model, x) < 1e-4
+    # the raw maps: the decoded boxes pick peaks, and a flat random-weight heat map has ties
+    # that a rounding difference of 1e-7 breaks the other way
+    method = "maps" if name == "drivepercept-tiny" else "raw"
+    with torch.inference_mode():
+        want = _flat(getattr(model, method)(x))
+        got = _flat(getattr(result.model, method)(x))
+    assert float((want - got).abs().max() / want.abs().max().clamp(min=1.0)) < 1e-4
 
 
 def test_the_step_packs_on_a_cpu_and_gives_the_eager_boxes() -> None:
