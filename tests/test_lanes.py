@@ -231,3 +231,50 @@ def test_bench_figures_name_the_lanes_and_each_lanes_threads() -> None:
     assert speed.line().endswith("torch threads 1 in each of 2 CPU lanes")
     assert plain.cpu_lanes == 1 and "lanes" not in plain.line()
     assert speed.as_dict()["cpu_lanes"] == 2
+
+
+def test_launch_returns_at_once_and_lanes_take_the_next_batch_before_the_last_is_done() -> None:
+    # given two lanes and a model call that waits for a gate on the first batch's first part
+    gate = threading.Event()
+    started: list[int] = []
+
+    def call(x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        first = int(x[0, 0])
+        started.append(first)
+        if first == 0:
+            assert gate.wait(5.0)
+        return [{"v": row} for row in x[:, 0].clone()]
+
+    lanes = Lanes(2, threads=1, total=2)
+    try:
+        one = lanes.launch(call, torch.arange(4.0).view(4, 1))  # parts [0, 1] and [2, 3]
+        two = lanes.launch(call, torch.arange(4.0, 8.0).view(4, 1))
+        # when the first part is held, the other lane goes on to the second batch's parts
+        for _ in range(500):  # at most 5 s
+            if len(started) >= 3:
+                break
+            threading.Event().wait(0.01)
+        assert started[:1] == [0] and {2, 4} <= set(started)
+        gate.set()
+        # then each batch's outputs come back in batch order, with when its last part ended
+        assert [float(o["v"]) for o in one.wait()] == [0.0, 1.0, 2.0, 3.0]
+        assert [float(o["v"]) for o in two.wait()] == [4.0, 5.0, 6.0, 7.0]
+        assert one.done_ns > 0 and two.done_ns > 0
+    finally:
+        gate.set()
+        lanes.close()
+
+
+def test_a_failing_part_of_a_launched_batch_raises_when_waited_for() -> None:
+    def call(x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        if int(x[0, 0]) == 2:
+            raise RuntimeError("lane broke")
+        return [{"v": row} for row in x[:, 0]]
+
+    lanes = Lanes(2, threads=1, total=2)
+    try:
+        launched = lanes.launch(call, torch.arange(4.0).view(4, 1))
+        with pytest.raises(RuntimeError, match="lane broke"):
+            launched.wait()
+    finally:
+        lanes.close()

@@ -106,17 +106,8 @@ class DetectorStep:
             eligible=eligible,
         )
         self.lanes = Lanes(lanes, threads=threads_per_lane(self.threads, lanes), total=self.threads)
-        self.packing = self._why_not_packed(config, device)
-        if not self.packing:
-            packed = prepack_convolutions(
-                model, self._sample(detector.input), batch=-(-max(max_batch, 1) // lanes)
-            )
-            model = packed.model
-            self.packing = packed.describe()
-            log.info("model %s: %s", detector.name, self.packing)
         self.model = model
         self._whole_autocast = parts is None
-        self.compiled = CompiledModel(model, name=detector.name) if config.compile else None
         self.graphed = (
             GraphedForward(self._run_model, name=detector.name) if config.cuda_graphs else None
         )
@@ -130,6 +121,15 @@ class DetectorStep:
         # what the pipeline reports: the kept classes, renamed and merged as the detector says
         self.class_names, table = detector.output_classes()
         self.remap = label_table(table, device)
+        self.packing = self._why_not_packed(config, device)
+        if not self.packing:
+            packed = prepack_convolutions(
+                model, self._sample(detector.input), batch=-(-max(max_batch, 1) // lanes)
+            )
+            self.model = model = packed.model
+            self.packing = packed.describe()
+            log.info("model %s: %s", detector.name, self.packing)
+        self.compiled = CompiledModel(model, name=detector.name) if config.compile else None
 
     def _why_not_packed(self, config: PipelineConfig, device: torch.device) -> str:
         """Why the convolutions are not packed for oneDNN ("" where they are to be)."""
@@ -142,19 +142,11 @@ class DetectorStep:
         return prepack_unavailable(device, config.precision) or ""
 
     def _sample(self, spec: InputSpec) -> torch.Tensor:
-        """One made frame as the model gets it, for checking the packed convolutions (mid-grey
-        noise: every value range of the input is reached, nothing depends on the footage)."""
+        """One made frame as the model gets it, for checking the packed convolutions (uniform
+        noise over every pixel value: nothing depends on the footage)."""
         w, h = spec.size
         frames = torch.randint(0, 256, (1, h, w, 3), dtype=torch.uint8, generator=_seeded())
-        mean = torch.tensor(spec.mean).view(1, 3, 1, 1)
-        std = torch.tensor(spec.std).view(1, 3, 1, 1)
-        return to_model_input(
-            frames,
-            mean=mean,
-            std=std,
-            channels_last=self.channels_last,
-            value_range=spec.value_range,
-        )
+        return self.normalise(frames)
 
     def close(self) -> None:
         """End the lane threads; idempotent."""
