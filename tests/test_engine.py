@@ -423,7 +423,7 @@ def test_pipeline_reports_its_warm_up_and_starts_capture_after_it() -> None:
     # the decoders read nothing before the engine was warm
     assert p.engine.ready_ns > 0
     assert all(r.timing.capture_ns >= p.engine.ready_ns for r in sink.results)
-    assert 1 <= stats.in_flight_high_water <= config.max_in_flight
+    assert 1 <= stats.in_flight_high_water <= p.engine.flight_limit
 
 
 def test_auto_and_unindexed_cuda_resolve_to_an_indexed_device(

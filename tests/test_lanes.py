@@ -173,18 +173,21 @@ def test_a_run_shares_the_threads_among_its_lanes_and_leaves_no_lane_thread() ->
     config = PipelineConfig(device="cpu", torch_threads=2, sample_hz=0.0, score_threshold=0.0)
     detector = _recording()
     cams = [(f"c{i}", FakeReader(size=(32, 32), frames=4)) for i in range(4)]
-    # when it runs
+    # when it replays them
     with Pipeline(cameras=cams, detector=detector, config=config) as pipeline:
         stats = pipeline.run()
         lanes = pipeline.engine.step.lanes.count
-    # then the batches of 4 ran as 2 lanes of at most 2 frames, each lane on 1 of the 2
-    # threads, and no lane thread is left
-    assert stats.frames == 16 and lanes == 2
+        flight = pipeline.engine.flight_limit
+    # then each batch of 4 ran whole in one of the 2 lanes, on 1 of the 2 threads, with a
+    # batch for each lane and one more in flight (the warm-up's batch ran as two lanes of 2
+    # frames, its lone frame on both threads), and no lane thread is left
+    assert stats.frames == 16 and lanes == 2 and flight == 3
     module = detector.module
     assert isinstance(module, Recording)
-    assert {rows for rows, _, _ in module.calls} <= {1, 2}
-    assert {threads for rows, _, threads in module.calls if rows == 2} == {1}
-    assert {threads for rows, _, threads in module.calls if rows == 1} <= {2}  # a lone frame
+    assert {rows for rows, _, _ in module.calls} == {1, 2, 4}
+    assert [rows for rows, _, _ in module.calls].count(4) == 4
+    assert {threads for rows, _, threads in module.calls if rows in (2, 4)} == {1}
+    assert {threads for rows, _, threads in module.calls if rows == 1} == {2}  # a lone frame
     assert lane_threads() == []
     # and a later run without lanes has every thread in its one lane (the threads the engine
     # starts take torch's default from the last setting: it was given back)
@@ -195,6 +198,31 @@ def test_a_run_shares_the_threads_among_its_lanes_and_leaves_no_lane_thread() ->
         pipeline.run()
     assert isinstance(again.module, Recording)
     assert {threads for _, _, threads in again.module.calls} == {torch.get_num_threads()}
+
+
+def test_live_splits_each_batch_over_the_lanes_with_its_own_flight_limit() -> None:
+    # given four cameras on the CPU, torch on 2 threads, run as live runs (newest frame)
+    config = PipelineConfig(
+        device="cpu",
+        torch_threads=2,
+        sample_hz=0.0,
+        score_threshold=0.0,
+        drop_policy="drop_oldest",
+        queue_capacity=1,
+        warmup=False,
+    )
+    detector = _recording()
+    cams = [(f"c{i}", FakeReader(size=(32, 32), frames=4)) for i in range(4)]
+    with Pipeline(cameras=cams, detector=detector, config=config) as pipeline:
+        pipeline.run()
+        flight = pipeline.engine.flight_limit
+    # then a batch is cut into the lanes (just-in-time batches keep their latency), and as
+    # many batches are in flight as configured
+    module = detector.module
+    assert isinstance(module, Recording)
+    assert flight == config.max_in_flight
+    assert {rows for rows, _, _ in module.calls} <= {1, 2}
+    assert {threads for rows, _, threads in module.calls if rows == 2} == {1}
 
 
 def test_run_json_records_the_lanes(tmp_path: Path) -> None:
@@ -233,48 +261,44 @@ def test_bench_figures_name_the_lanes_and_each_lanes_threads() -> None:
     assert speed.as_dict()["cpu_lanes"] == 2
 
 
-def test_launch_returns_at_once_and_lanes_take_the_next_batch_before_the_last_is_done() -> None:
-    # given two lanes and a model call that waits for a gate on the first batch's first part
+def test_launch_hands_each_batch_whole_to_a_free_lane_and_returns_at_once() -> None:
+    # given two lanes and a model call that waits for a gate on the first batch
     gate = threading.Event()
-    started: list[int] = []
+    seen: list[list[float]] = []
 
     def call(x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        first = int(x[0, 0])
-        started.append(first)
-        if first == 0:
+        seen.append(x[:, 0].tolist())
+        if float(x[0, 0]) == 0.0:
             assert gate.wait(5.0)
         return [{"v": row} for row in x[:, 0].clone()]
 
     lanes = Lanes(2, threads=1, total=2)
     try:
-        one = lanes.launch(call, torch.arange(4.0).view(4, 1))  # parts [0, 1] and [2, 3]
+        one = lanes.launch(call, torch.arange(4.0).view(4, 1))
         two = lanes.launch(call, torch.arange(4.0, 8.0).view(4, 1))
-        # when the first part is held, the other lane goes on to the second batch's parts
-        for _ in range(500):  # at most 5 s
-            if len(started) >= 3:
-                break
-            threading.Event().wait(0.01)
-        assert started[:1] == [0] and {2, 4} <= set(started)
-        gate.set()
-        # then each batch's outputs come back in batch order, with when its last part ended
-        assert [float(o["v"]) for o in one.wait()] == [0.0, 1.0, 2.0, 3.0]
+        # while the first batch is held, the other lane runs the whole second batch
         assert [float(o["v"]) for o in two.wait()] == [4.0, 5.0, 6.0, 7.0]
-        assert one.done_ns > 0 and two.done_ns > 0
+        assert not gate.is_set() and sorted(seen) == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+        gate.set()
+        assert [float(o["v"]) for o in one.wait()] == [0.0, 1.0, 2.0, 3.0]
+        assert one.done_ns >= two.done_ns > 0
     finally:
         gate.set()
         lanes.close()
 
 
-def test_a_failing_part_of_a_launched_batch_raises_when_waited_for() -> None:
+def test_a_failing_launched_batch_raises_when_waited_for() -> None:
     def call(x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        if int(x[0, 0]) == 2:
+        if int(x[0, 0]) == 4:
             raise RuntimeError("lane broke")
         return [{"v": row} for row in x[:, 0]]
 
     lanes = Lanes(2, threads=1, total=2)
     try:
-        launched = lanes.launch(call, torch.arange(4.0).view(4, 1))
+        fine = lanes.launch(call, torch.arange(4.0).view(4, 1))
+        broken = lanes.launch(call, torch.arange(4.0, 8.0).view(4, 1))
         with pytest.raises(RuntimeError, match="lane broke"):
-            launched.wait()
+            broken.wait()
+        assert len(fine.wait()) == 4  # the other batch is not lost
     finally:
         lanes.close()

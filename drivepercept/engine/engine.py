@@ -105,11 +105,6 @@ class InferenceEngine:
                 # the weights and constants went up on the default stream, which our streams
                 # do not wait for: let those copies land before any kernel reads them
                 torch.cuda.current_stream(device).synchronize()
-        # launched and not yet finished: at most max_in_flight
-        self._flight_slots = threading.Semaphore(config.max_in_flight)
-        self._in_flight: queue.Queue[InFlight | None] = queue.Queue(
-            maxsize=config.max_in_flight + 1
-        )
         self._count_lock = threading.Lock()
         self._now_in_flight = 0
         self.in_flight_high_water = 0
@@ -124,11 +119,20 @@ class InferenceEngine:
         # done: the batcher then takes each camera's newest frame just when the engine is
         # free, instead of a batch that ages a whole inference while it waits.
         self._release_early = config.drop_policy == "block"
-        # Replay on CPU lanes: a batch is handed to the lanes and the next one taken at once
-        # (up to max_in_flight launched), the completion thread waiting for its outputs, so
-        # that no lane idles at a batch's end (`Lanes.launch`). Live keeps the compute in
+        # Replay on CPU lanes: each batch is handed whole to a free lane and the next one
+        # taken at once, the completion thread waiting for its outputs, so that no lane idles
+        # at a batch's end (`Lanes.launch`). Live keeps the compute in
         # this thread: the batcher then makes each batch just when the engine is free.
         self._launch_in_lanes = not self.cuda and self._release_early and self.step.lanes.count > 1
+        # launched and not yet finished: at most max_in_flight; launched into lanes, one batch
+        # per lane and one more queued, so that a lane never waits for the completion thread
+        # to post its last batch and the engine to launch the next
+        in_flight = config.max_in_flight
+        if self._launch_in_lanes:
+            in_flight = max(in_flight, self.step.lanes.count + 1)
+        self.flight_limit = in_flight
+        self._flight_slots = threading.Semaphore(in_flight)
+        self._in_flight: queue.Queue[InFlight | None] = queue.Queue(maxsize=in_flight + 1)
         self._submit = threading.Thread(
             target=self._guard(self._run_submit), name="engine", daemon=True
         )
@@ -307,7 +311,7 @@ class InferenceEngine:
             put_until_stopped(self._in_flight, None, self.stop)
 
     def _launch(self, staged: Staged) -> None:
-        """Compute a staged batch once fewer than max_in_flight are unfinished."""
+        """Compute a staged batch once fewer than `flight_limit` are unfinished."""
         while not self._flight_slots.acquire(timeout=_POLL_S):
             if self.stop.is_set():
                 return
