@@ -50,7 +50,8 @@ options for the matched rounds), and drivepercept runs `--model yolov8n.onnx` (r
 onnxruntime, every class) on `torch_threads` = --threads. Replay checks boxes per frame
 against the peer's on the same runtime.
 
-Modes, each run as peer, ours[, peer-own] per runtime, round after round, for --rounds rounds:
+Modes, each run as peer, ours[, peer-own] per runtime (every other round in the reverse order:
+a run's place in its round biases it), round after round, for --rounds rounds:
 
 * replay: every frame of --streams file streams (the clips in --videos, cycled), each cut to
   --replay-frames (default: the shortest clip). Peer: a `.streams` file of the paths with
@@ -76,6 +77,11 @@ What is measured, the same way on both sides:
   the frame array it returned; the peer's figure therefore leaves out its JPEG decode
   (printed as "peer JPEG decode", measured on the served frames), a bias in its favour.
   First-batch frames are excluded.
+* steal % (every round): the share of the host's CPU time its hypervisor gave to other
+  tenants during the round (/proc/stat). On a shared cloud host it swings from 0 to 50 %,
+  and it does not cost both tools the same: torch's OpenMP threads wait for each other at
+  the end of every operation, so a stolen core stalls the peer's whole batch, while
+  drivepercept's CPU lanes each run on one thread of their own.
 * delivered (live): frames the server wrote to the tool's connections during its round
   (`CameraServer.frames_sent`), so the share each tool processed is comparable.
 

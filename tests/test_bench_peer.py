@@ -281,6 +281,8 @@ def test_ours_ort_threads_come_from_the_runs_record(tmp_path: Path) -> None:
         return rounds._run_ort_threads(RunDir(tmp_path).read_record().model)
 
     assert threads({"runtime": {"backend": "onnxruntime", "threads": 2}}) == 2
+    # two lanes of one thread: two in all, as the peer's one session of two
+    assert threads({"runtime": {"backend": "onnxruntime", "threads": 1, "lanes": 2}}) == 2
     assert threads({"runtime": {"backend": "onnxruntime"}}) == 0  # ORT's default
     assert threads({"runtime": None}) == -1
 
@@ -345,3 +347,14 @@ def test_a_run_folder_gives_the_same_figures_as_its_frames(tmp_path: Path) -> No
     # then 2 frames after the first batch over 1 s, and batch 1's latencies (200 ms)
     assert figures.frames == 4 and figures.fps == pytest.approx(2.0)
     assert figures.later_ms == pytest.approx((200.0, 200.0), abs=1e-3)
+
+
+def test_steal_is_the_stolen_share_of_the_host_ticks_between_two_readings() -> None:
+    from _bench_peer.process import host_cpu_ticks, steal_pct
+
+    assert steal_pct((10, 1000), (60, 1200)) == pytest.approx(25.0)
+    assert math.isnan(steal_pct(None, (1, 2))) and math.isnan(steal_pct((5, 100), (5, 100)))
+    ticks = host_cpu_ticks()
+    if ticks is not None:  # Linux
+        stolen, total = ticks
+        assert 0 <= stolen <= total

@@ -3,6 +3,7 @@ runs exportable models on ONNX Runtime on a CPU, from a cache, with torch's outp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -371,7 +372,8 @@ def test_torch_work_around_another_runtime_runs_on_one_torch_thread(tmp_path: Pa
         step = DetectorStep(on_ort, config, torch.device("cpu"), max_batch=2)
         assert step.glue_threads == 1 and not step.channels_last
         packed, counts = step(torch.zeros((2, 256, 448, 3), dtype=torch.uint8))
-        assert seen == [1] and torch.get_num_threads() == 2
+        # a frame in each of the two lanes, each on one torch thread
+        assert seen == [1, 1] and torch.get_num_threads() == 2
         assert packed.shape[0] == 2 and counts.shape == (2,)
         on_torch = DetectorStep(tiny, config, torch.device("cpu"), max_batch=2)
         assert on_torch.glue_threads == 0 and on_torch.channels_last
@@ -546,3 +548,33 @@ def test_the_default_input_depends_on_the_device_only_for_yolox_nano() -> None:
     assert default_input_size("yolox-tiny", device_type="cpu") == (416, 256)
     assert default_input_size("yolox-s", device_type="cpu") == (640, 384)
     assert default_input_size("drivepercept-tiny", device_type="cpu") is None
+
+
+def test_ort_runs_in_lanes_of_one_thread_with_the_boxes_of_one_session(tmp_path: Path) -> None:
+    # given tiny on ORT for two threads, and a batch of four real-looking frames
+    tiny = load_detector("drivepercept-tiny", weights="DEFAULT")
+    request = RuntimeRequest(cache=tmp_path, threads=2)
+    lanes_ort, one_ort = choose_runtime(tiny, request), choose_runtime(tiny, request)
+    frames = torch.from_numpy(
+        np.random.default_rng(3).integers(0, 255, (4, 256, 448, 3), dtype=np.uint8)
+    )
+    config = PipelineConfig(device="cpu", torch_threads=2, score_threshold=0.05)
+    # when one step runs it in two lanes and another in one session on both threads
+    two = DetectorStep(lanes_ort, config, torch.device("cpu"), max_batch=4)
+    one = DetectorStep(
+        one_ort, dataclasses.replace(config, cpu_lanes=1), torch.device("cpu"), max_batch=4
+    )
+    try:
+        got, got_n = two(frames)
+        want, want_n = one(frames)
+    finally:
+        two.close()
+        one.close()
+    # then the lanes' sessions run on one thread each, the record says so, and the boxes
+    # are the single session's
+    module: Any = lanes_ort.module
+    assert two.lanes.count == 2 and module.lanes == 2 and module.threads == 1
+    assert module._sessions["cpu"].get_session_options().intra_op_num_threads == 1
+    assert module.describe()["lanes"] == 2 and one_ort.module.describe()["lanes"] == 1
+    assert torch.equal(got_n, want_n) and int(want_n.sum()) > 0
+    assert torch.allclose(got, want, atol=1e-3)

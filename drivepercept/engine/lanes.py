@@ -16,11 +16,13 @@ again in each lane, the model call itself enters autocast there, and torch's int
 count (per thread too, and the default of threads started later) is set in each lane thread
 when it starts, and in the calling thread for each call, given back when it returns.
 
-Lanes are off (one lane) on a GPU, for a network that another runtime runs with its own
-threads (ONNX Runtime), with torch.compile (each sub-batch size would be compiled anew) and
-with CUDA graphs. A one-frame batch (a partial live batch, the benchmark's naive loop) runs
-in the calling thread on all the model's threads; a batch of fewer frames than lanes but
-more than one runs in fewer lanes, each on its share of the threads.
+ONNX Runtime's network runs in lanes too, each lane's runs in a session on the lane's share
+of the threads (`OnnxDetector.use_lanes`). Lanes are off (one lane) on a GPU, for a runtime
+that cannot be run from several threads at once (OpenVINO here), with torch.compile (each
+sub-batch size would be compiled anew) and with CUDA graphs. A one-frame batch (a partial
+live batch, the benchmark's naive loop) runs in the calling thread on all the model's torch
+threads (ORT's: on a lane's session); a batch of fewer frames than lanes but more than one
+runs in fewer lanes, each on its share of the threads.
 """
 
 from __future__ import annotations

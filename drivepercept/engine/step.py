@@ -97,7 +97,14 @@ class DetectorStep:
         self.glue_threads = 1 if detector.runtime is not None and device.type == "cpu" else 0
         # the model's torch threads in all: as configured, else the creating thread's count
         self.threads = config.torch_threads or torch.get_num_threads()
-        eligible = detector.runtime is None and not config.compile and not config.cuda_graphs
+        # lanes for torch's network, and for another runtime's that can be run from several
+        # threads at once, each on its share of the threads (ONNX Runtime's, `use_lanes`)
+        use_lanes = getattr(model, "use_lanes", None)
+        eligible = (
+            (detector.runtime is None or use_lanes is not None)
+            and not config.compile
+            and not config.cuda_graphs
+        )
         lanes = plan_lanes(
             config.cpu_lanes,
             device=device,
@@ -105,6 +112,10 @@ class DetectorStep:
             max_batch=max_batch,
             eligible=eligible,
         )
+        if lanes > 1 and detector.runtime is not None:
+            assert use_lanes is not None
+            if not use_lanes(lanes, threads_per_lane(self.threads, lanes)):
+                lanes = 1
         self.lanes = Lanes(lanes, threads=threads_per_lane(self.threads, lanes), total=self.threads)
         self.model = model
         self._whole_autocast = parts is None

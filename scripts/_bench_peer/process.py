@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 # ---------------------------------------------------------------------- process-wide settings
 
@@ -46,3 +48,23 @@ def _get_threads() -> int:
     import torch
 
     return int(torch.get_num_threads())
+
+
+def host_cpu_ticks() -> tuple[int, int] | None:
+    """(stolen, all) CPU ticks of the whole host since boot (Linux's /proc/stat: steal is
+    time a vCPU was ready to run while the hypervisor ran another tenant); None elsewhere."""
+    try:
+        fields = Path("/proc/stat").read_text(encoding="ascii").split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if fields[:1] != ["cpu"] or len(fields) < 9:
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
+    """The share of the host's CPU time stolen between two `host_cpu_ticks` (NaN unknown)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return math.nan
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])

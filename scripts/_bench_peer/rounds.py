@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -18,7 +19,13 @@ import numpy as np
 from _bench_peer.exported import export_onnx, peer_ort_threads, session_threads
 from _bench_peer.network import _Ultralytics, build_network, calibrated_network
 from _bench_peer.options import PEER_OWN, Settings
-from _bench_peer.process import Globals, _get_threads, _set_threads
+from _bench_peer.process import (
+    Globals,
+    _get_threads,
+    _set_threads,
+    host_cpu_ticks,
+    steal_pct,
+)
 from _bench_peer.stamps import ArrivalStamps, stamped_loader
 from _bench_peer.stats import (
     RoundResult,
@@ -230,12 +237,12 @@ class Bench:
 
 
 def _run_ort_threads(model: ModelRecord) -> int:
-    """The ORT intra-op threads a drivepercept run's session had, from its run.json's model
-    section (0: ORT's default; -1: not recorded)."""
+    """The ORT intra-op threads a drivepercept run's sessions had in all, from its run.json's
+    model section: each lane's threads times its lanes (0: ORT's default; -1: not recorded)."""
     runtime = model.runtime or {}
     if runtime.get("backend") != "onnxruntime":
         return -1
-    return int(runtime.get("threads") or 0)
+    return int(runtime.get("threads") or 0) * int(runtime.get("lanes") or 1)
 
 
 def versions(peer: _Ultralytics) -> dict[str, str]:
@@ -305,15 +312,19 @@ def bench(settings: Settings, peer: _Ultralytics, globals_: Globals, work: Path)
                 state.live_urls = [server.url(f"cam{i}") for i in range(len(clips))]
             for number in range(1, settings.rounds + 1):
                 for runtime in settings.runtimes:
-                    for tool in tools:
+                    # a run's place in its round biases it: every other round goes backwards
+                    for tool in tools if number % 2 else tools[::-1]:
                         load = os.getloadavg()[0]
                         log.info(
                             "%s round %d, %s: %s (load %.1f)", mode, number, runtime, tool, load
                         )
+                        ticks = host_cpu_ticks()
                         if tool == "ours":
                             result = state.ours_round(mode, number, runtime)
                         else:
                             result = state.peer_round(mode, number, runtime, tool)
+                        stolen = steal_pct(ticks, host_cpu_ticks())
+                        result = dataclasses.replace(result, steal_pct=stolen)
                         log.info("  -> %s", result)
                         rounds.append(result)
             state.server = None

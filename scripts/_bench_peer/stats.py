@@ -94,6 +94,7 @@ class RoundResult:
     wall_s: float = 0.0  # the whole call: set-up, warm-up, run, shut-down
     note: str = ""
     runtime: str = "torch"
+    steal_pct: float = math.nan  # the host's CPU time the hypervisor gave other tenants
 
 
 def best_and_median(values: Sequence[float], *, higher_is_better: bool) -> tuple[float, float]:
@@ -175,6 +176,7 @@ def table(
     head = (
         f"{'mode':<7}{'runtime':<12}{'round':>5} {'tool':<9}{'threads':>7}{'frames':>7}"
         f"{'fps':>7}{'p50 ms':>8}{'p99 ms':>8}{'delivered':>10}{'det/frame':>10}{'wall s':>7}"
+        f"{'steal %':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rounds:
@@ -182,7 +184,7 @@ def table(
             f"{r.mode:<7}{r.runtime:<12}{r.round:>5} {r.tool:<9}{_threads_cell(r.threads):>7}"
             f"{r.frames:>7}{_fmt(r.fps):>7}{_fmt(r.p50_ms):>8}{_fmt(r.p99_ms):>8}"
             f"{r.delivered or '-':>10}{_fmt(r.detections_per_frame, 2):>10}{_fmt(r.wall_s):>7}"
-            + (f"  {r.note}" if r.note else "")
+            f"{_fmt(r.steal_pct):>8}" + (f"  {r.note}" if r.note else "")
         )
     lines.append("")
     lines.append(

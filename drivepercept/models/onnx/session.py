@@ -7,11 +7,19 @@ TensorRT, `providers.py`), in a session made on first use for that GPU on the st
 then (the engine's compute stream: the warm-up comes first), through IO binding
 (`binding.py`): no host round trip, no wait for the device. Without a GPU provider the batch
 goes through host memory to the CPU session.
+
+On the CPU the engine's lanes may run it from several threads at once (`use_lanes`): each
+lane's batch then runs in a session of the lane's own intra-op threads (one: in the lane
+thread itself, sessions shared), instead of one batch on a team of ORT threads that wait for
+each other at every operator's end and spin for the next. Measured on the 2-core host with
+bench_peer's YOLOv8n at 320, batches of 6, the model alone: 52-57 frames/s in two lanes of
+one thread against 42-45 for one session on two (docs/BENCHMARKS.md, "ONNX Runtime lanes").
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +145,8 @@ class OnnxDetector(nn.Module):
         self.fixed_batch = image.shape[0]
         self.input_dtype = np.float16 if "float16" in image.type else np.float32
         self._sessions: dict[str, Any] = {"cpu": session}
+        self.lanes = 1
+        self._free: queue.SimpleQueue[Any] | None = None  # the lanes' CPU sessions, when free
         self._bound: dict[str, DeviceRun | None] = {}  # per GPU: None runs through the host
         self._grids = layouts.YoloxGrids()
         self._order = layouts.end2end_order(graph) if layout == "end2end" else (0, 0, 0)
@@ -149,12 +159,17 @@ class OnnxDetector(nn.Module):
         if bound is not None:
             return self._decode(bound(x, hw), hw)
         batch = x.detach().float().contiguous().cpu().numpy().astype(self.input_dtype, copy=False)
-        session = self._sessions["cpu"]
-        if loop:
-            runs = [self._run(session, batch[i : i + 1], hw) for i in range(b)]
-            outputs = [np.concatenate(parts, axis=0) for parts in zip(*runs, strict=True)]
-        else:
-            outputs = self._run(session, batch, hw)
+        free = self._free
+        session = self._sessions["cpu"] if free is None else free.get()
+        try:
+            if loop:
+                runs = [self._run(session, batch[i : i + 1], hw) for i in range(b)]
+                outputs = [np.concatenate(parts, axis=0) for parts in zip(*runs, strict=True)]
+            else:
+                outputs = self._run(session, batch, hw)
+        finally:
+            if free is not None:
+                free.put(session)
         tensors = [torch.from_numpy(np.ascontiguousarray(o)).to(x.device) for o in outputs]
         return self._decode(tensors, hw)
 
@@ -224,10 +239,31 @@ class OnnxDetector(nn.Module):
                     log.warning("%s: no GPU provider started; batches go through the CPU", key)
         return self._bound[key]
 
+    def use_lanes(self, count: int, threads: int) -> bool:
+        """Be run on the CPU from `count` threads at once, each run on `threads` intra-op
+        threads: one session shared by every lane on one thread (ORT runs a one-thread session
+        in the calling thread, and its runs may overlap), else a session for each lane, taken
+        for a run and given back. False, and nothing changed, where the CPU batches run in
+        another runtime's session (OpenVINO's) or the file is gone (a temporary export)."""
+        if count < 2 or isinstance(self._sessions["cpu"], OpenVinoSession):
+            return False
+        if not self.path.is_file():  # a temporary export, let go once its session held it
+            log.info("%s: not run in lanes (the file is gone)", self.path)
+            return False
+        opened = [
+            open_session(self.path, threads=threads) for _ in range(count if threads > 1 else 1)
+        ]
+        free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for k in range(count):
+            free.put(opened[k % len(opened)])
+        self._sessions["cpu"], self._free = opened[0], free
+        self.threads, self.lanes = threads, count
+        return True
+
     def run_cpu_on(self, session: Any) -> None:
         """Hands the CPU's batches to another session with ORT's `run`/`get_providers`
-        calls (OpenVINO's, `openvino.py`); ORT's own CPU session is let go."""
-        self._sessions["cpu"] = session
+        calls (OpenVINO's, `openvino.py`); ORT's own CPU session is let go (and its lanes)."""
+        self._sessions["cpu"], self._free, self.lanes = session, None, 1
 
     def _trt_folder(self) -> Path | None:
         """TensorRT's engine cache: the one given (made, or a `ModelError`), else one beside
@@ -259,5 +295,6 @@ class OnnxDetector(nn.Module):
             "layout": self.layout,
             "batch": "refuse" if self.refuse_batches else "loop",
             "threads": self.threads or None,  # None: ORT's default (one per physical core)
+            "lanes": self.lanes,  # CPU sessions run at once, each on `threads`
             "sessions": sessions,
         }
