@@ -51,7 +51,8 @@ class PipelineConfig:
         score_threshold, iou_threshold, max_detections: post-processing.
         ring_slots: staging buffers (>= max_in_flight; one more lets the next batch be staged
             while the last is in flight).
-        max_in_flight: batches submitted to the device and not yet completed.
+        max_in_flight: batches submitted to the device and not yet completed (replay on CPU
+            lanes keeps at least one more than its lanes: each lane takes whole batches).
         max_frames: stop each camera after this many frames (0 = all).
         sample_hz: load samples (GPU through NVML, CPU, memory) per second; 0 = no sampler.
         warmup: run one full batch and one single frame through the engine before capture
@@ -68,7 +69,9 @@ class PipelineConfig:
         cpu_lanes: on a CPU, run each batch as this many sub-batches at once, each on its
             share of the torch threads (`engine/lanes.py`); 0 = one lane per torch thread (at
             most the rig's batch), 1 = one batch with every operation spread over the threads.
-            Ignored on a GPU, for ONNX models, with compile and with CUDA graphs.
+            Replay gives each lane whole batches instead. ONNX Runtime's models run in lanes
+            too (a session per lane's threads); ignored on a GPU, with OpenVINO, with compile
+            and with CUDA graphs.
         cpu_prepack: on a CPU in float32, run the torch model's convolutions with their
             weights laid out for oneDNN once, each checked against the eager one on a sample
             batch when the engine is set up (`engine/prepack.py`; YOLOv8n 1.14x, tiny 1.3x).

@@ -119,10 +119,11 @@ class InferenceEngine:
         # done: the batcher then takes each camera's newest frame just when the engine is
         # free, instead of a batch that ages a whole inference while it waits.
         self._release_early = config.drop_policy == "block"
-        # Replay on CPU lanes: each batch is handed whole to a free lane and the next one
-        # taken at once, the completion thread waiting for its outputs, so that no lane idles
-        # at a batch's end (`Lanes.launch`). Live keeps the compute in
-        # this thread: the batcher then makes each batch just when the engine is free.
+        # Replay on CPU lanes: each batch is handed whole to a free lane (cut over them when
+        # none waits behind it) and the next one taken at once, the completion thread
+        # waiting for its outputs, so that no lane idles at a batch's end (`Lanes.launch`).
+        # Live keeps the compute in this thread: the batcher then makes each batch just when
+        # the engine is free.
         self._launch_in_lanes = not self.cuda and self._release_early and self.step.lanes.count > 1
         # launched and not yet finished: at most max_in_flight; launched into lanes, one batch
         # per lane and one more queued, so that a lane never waits for the completion thread
@@ -235,7 +236,11 @@ class InferenceEngine:
                 # the float copy is taken: the staging slot can be refilled right away
                 self._release(staged)
             if self._launch_in_lanes and staged.batch is not None:
-                launched = self.step.launch(x)  # the completion thread waits for it
+                # whole to a lane while batches wait behind it; the last (at the end or a
+                # drain, or while decoding is the slower side) cut over the lanes, so that it
+                # is done sooner instead of one lane running it alone
+                whole = not self.inbox.empty()
+                launched = self.step.launch(x, whole=whole)  # the completion thread waits
                 return InFlight(staged, [], launched=launched, times_ns=times)
             outputs = self.step.forward(x)
             inferred: torch.cuda.Event | None = None

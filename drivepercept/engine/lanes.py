@@ -82,7 +82,8 @@ class Lanes:
     lane runs the larger batch, which costs less per frame than a part of it (one thread,
     bench_peer's YOLOv8n at 320, packed: 38-41 ms a frame at batch 6 against 40-47 at 3).
     Throughput for latency: each batch takes a lane's time for all its frames (the engine's
-    unpaced replay path, `InferenceEngine`; live splits its batches with `map`).
+    unpaced replay path, `InferenceEngine`, while batches wait behind; `whole=False` cuts a
+    batch over the lanes instead, for the last one; live splits its batches with `map`).
     """
 
     def __init__(
@@ -121,9 +122,13 @@ class Lanes:
         finally:
             torch.set_num_threads(before)
 
-    def launch(self, fn: Callable[[torch.Tensor], Outputs], x: torch.Tensor) -> Launched:
-        """The whole of `x` to the next free lane thread, without waiting (see the class
-        docstring); one lane: computed here, as `map` does."""
+    def launch(
+        self, fn: Callable[[torch.Tensor], Outputs], x: torch.Tensor, *, whole: bool = True
+    ) -> Launched:
+        """`x` to the lane threads without waiting (see the class docstring): whole to the
+        next free lane, or (`whole=False`) cut into one part per lane, for a batch whose
+        latency counts more than its cost per frame (the last one, nothing behind it). One
+        lane: computed here, as `map` does."""
         if self._pool is None:
             return Launched.done(self.map(fn, x))
         inference = torch.is_inference_mode_enabled()
@@ -132,7 +137,8 @@ class Lanes:
             with torch.inference_mode(inference):
                 return fn(batch), time.monotonic_ns()
 
-        return Launched([self._pool.submit(lane, x)])
+        parts = [x] if whole else self._parts(x)
+        return Launched([self._pool.submit(lane, p) for p in parts])
 
     def _parts(self, x: torch.Tensor) -> list[torch.Tensor]:
         return [p for p in torch.tensor_split(x, min(self.count, x.shape[0])) if p.shape[0]]

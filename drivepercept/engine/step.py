@@ -182,14 +182,14 @@ class DetectorStep:
         with self._glue():
             return self._run_model(x)
 
-    def launch(self, x: torch.Tensor) -> Launched:
+    def launch(self, x: torch.Tensor, *, whole: bool = True) -> Launched:
         """The model on a normalised batch, handed to the CPU lanes without waiting (call
-        under `torch.inference_mode()`); `forward`'s work otherwise, done before it returns
-        (one lane, CUDA graphs)."""
+        under `torch.inference_mode()`): whole to one lane, or cut over them (`Lanes.launch`);
+        `forward`'s work otherwise, done before it returns (one lane, CUDA graphs)."""
         if self.graphed is not None or self.lanes.count < 2:
             return Launched.done(self.forward(x))
         with self._glue():
-            return self.lanes.launch(self._call_model, x)
+            return self.lanes.launch(self._call_model, x, whole=whole)
 
     def _run_model(self, x: torch.Tensor) -> Outputs:
         return self.lanes.map(self._call_model, x)
