@@ -236,11 +236,9 @@ class InferenceEngine:
                 # the float copy is taken: the staging slot can be refilled right away
                 self._release(staged)
             if self._launch_in_lanes and staged.batch is not None:
-                # whole to a lane while batches wait behind it; the last (at the end or a
-                # drain, or while decoding is the slower side) cut over the lanes, so that it
-                # is done sooner instead of one lane running it alone
-                whole = not self.inbox.empty()
-                launched = self.step.launch(x, whole=whole)  # the completion thread waits
+                # whole to a lane while batches wait behind it; the last (the end, a drain,
+                # decoding the slower side) cut over the lanes, not left to one lane alone
+                launched = self.step.launch(x, whole=not self.inbox.empty())
                 return InFlight(staged, [], launched=launched, times_ns=times)
             outputs = self.step.forward(x)
             inferred: torch.cuda.Event | None = None
