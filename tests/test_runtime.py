@@ -578,3 +578,10 @@ def test_ort_runs_in_lanes_of_one_thread_with_the_boxes_of_one_session(tmp_path:
     assert module.describe()["lanes"] == 2 and one_ort.module.describe()["lanes"] == 1
     assert torch.equal(got_n, want_n) and int(want_n.sum()) > 0
     assert torch.allclose(got, want, atol=1e-3)
+    # and a later one-lane step on the laned detector has its one session on both threads
+    again = DetectorStep(
+        lanes_ort, dataclasses.replace(config, cpu_lanes=1), torch.device("cpu"), max_batch=4
+    )
+    again.close()
+    assert module.lanes == 1 and module.threads == 2
+    assert module._sessions["cpu"].get_session_options().intra_op_num_threads == 2

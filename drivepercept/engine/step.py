@@ -112,10 +112,13 @@ class DetectorStep:
             max_batch=max_batch,
             eligible=eligible,
         )
-        if lanes > 1 and detector.runtime is not None:
-            assert use_lanes is not None
-            if not use_lanes(lanes, threads_per_lane(self.threads, lanes)):
-                lanes = 1
+        per_lane = threads_per_lane(self.threads, lanes)
+        if (
+            detector.runtime is not None
+            and use_lanes is not None
+            and not use_lanes(lanes, per_lane)
+        ):
+            lanes = 1  # or asked for one lane: its one session back on every thread
         self.lanes = Lanes(lanes, threads=threads_per_lane(self.threads, lanes), total=self.threads)
         self.model = model
         self._whole_autocast = parts is None

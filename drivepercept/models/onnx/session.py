@@ -134,7 +134,7 @@ class OnnxDetector(nn.Module):
         threads: int = 0,
     ) -> None:
         super().__init__()
-        self.threads = threads
+        self.threads = self._asked = threads
         self.path = path
         self.graph = graph
         self.layout = layout
@@ -244,8 +244,12 @@ class OnnxDetector(nn.Module):
         threads: one session shared by every lane on one thread (ORT runs a one-thread session
         in the calling thread, and its runs may overlap), else a session for each lane, taken
         for a run and given back. False, and nothing changed, where the CPU batches run in
-        another runtime's session (OpenVINO's) or the file is gone (a temporary export)."""
+        another runtime's session (OpenVINO's) or the file is gone (a temporary export);
+        False for one lane, with the one session on the threads first asked for back."""
         if count < 2 or isinstance(self._sessions["cpu"], OpenVinoSession):
+            if count < 2 and self._free is not None:  # one lane again: one session, as asked
+                self._sessions["cpu"] = open_session(self.path, threads=self._asked)
+                self._free, self.threads, self.lanes = None, self._asked, 1
             return False
         if not self.path.is_file():  # a temporary export, let go once its session held it
             log.info("%s: not run in lanes (the file is gone)", self.path)
