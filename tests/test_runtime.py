@@ -578,6 +578,10 @@ def test_ort_runs_in_lanes_of_one_thread_with_the_boxes_of_one_session(tmp_path:
     assert module.describe()["lanes"] == 2 and one_ort.module.describe()["lanes"] == 1
     assert torch.equal(got_n, want_n) and int(want_n.sum()) > 0
     assert torch.allclose(got, want, atol=1e-3)
+    # and a second laned step keeps the sessions it has (nothing opened again)
+    session = module._sessions["cpu"]
+    DetectorStep(lanes_ort, config, torch.device("cpu"), max_batch=4).close()
+    assert module._sessions["cpu"] is session and module.lanes == 2
     # and a later one-lane step on the laned detector has its one session on both threads
     again = DetectorStep(
         lanes_ort, dataclasses.replace(config, cpu_lanes=1), torch.device("cpu"), max_batch=4

@@ -80,7 +80,8 @@ class Lanes:
     one more queued), every lane works on a batch of its own: no lane waits at a batch's end
     for the slowest, nor while the engine thread takes and normalises the next batch, and each
     lane runs the larger batch, which costs less per frame than a part of it (one thread,
-    bench_peer's YOLOv8n at 320, packed: 38-41 ms a frame at batch 6 against 40-47 at 3).
+    bench_peer's YOLOv8n at 320, packed, two runs: median 38-42 ms a frame at batch 6
+    against 41-45 at batch 3).
     Throughput for latency: each batch takes a lane's time for all its frames (the engine's
     unpaced replay path, `InferenceEngine`, while batches wait behind; `whole=False` cuts a
     batch over the lanes instead, for the last one; live splits its batches with `map`).

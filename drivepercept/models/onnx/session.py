@@ -12,8 +12,9 @@ On the CPU the engine's lanes may run it from several threads at once (`use_lane
 lane's batch then runs in a session of the lane's own intra-op threads (one: in the lane
 thread itself, sessions shared), instead of one batch on a team of ORT threads that wait for
 each other at every operator's end and spin for the next. Measured on the 2-core host with
-bench_peer's YOLOv8n at 320, batches of 6, the model alone: 52-57 frames/s in two lanes of
-one thread against 42-45 for one session on two (docs/BENCHMARKS.md, "ONNX Runtime lanes").
+bench_peer's YOLOv8n at 320, batches of 6, the model alone, 5 runs: median 52.4 frames/s
+(42-57) in two lanes of one thread against 42.8 (42-46) for one session on two
+(docs/BENCHMARKS.md, "ONNX Runtime lanes").
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ class OnnxDetector(nn.Module):
         self.input_dtype = np.float16 if "float16" in image.type else np.float32
         self._sessions: dict[str, Any] = {"cpu": session}
         self.lanes = 1
-        self._free: queue.SimpleQueue[Any] | None = None  # the lanes' CPU sessions, when free
+        self._free: queue.Queue[Any] | None = None  # the lanes' CPU sessions, when free
         self._bound: dict[str, DeviceRun | None] = {}  # per GPU: None runs through the host
         self._grids = layouts.YoloxGrids()
         self._order = layouts.end2end_order(graph) if layout == "end2end" else (0, 0, 0)
@@ -246,18 +247,22 @@ class OnnxDetector(nn.Module):
         for a run and given back. False, and nothing changed, where the CPU batches run in
         another runtime's session (OpenVINO's) or the file is gone (a temporary export);
         False for one lane, with the one session on the threads first asked for back."""
-        if count < 2 or isinstance(self._sessions["cpu"], OpenVinoSession):
-            if count < 2 and self._free is not None:  # one lane again: one session, as asked
+        if isinstance(self._sessions["cpu"], OpenVinoSession):
+            return False
+        if count < 2:
+            if self._free is not None:  # one lane again: one session, as first asked for
                 self._sessions["cpu"] = open_session(self.path, threads=self._asked)
                 self._free, self.threads, self.lanes = None, self._asked, 1
             return False
+        if self._free is not None and (self.lanes, self.threads) == (count, threads):
+            return True  # already so (a benchmark sets up several steps on one detector)
         if not self.path.is_file():  # a temporary export, let go once its session held it
             log.info("%s: not run in lanes (the file is gone)", self.path)
             return False
         opened = [
             open_session(self.path, threads=threads) for _ in range(count if threads > 1 else 1)
         ]
-        free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        free: queue.Queue[Any] = queue.Queue(maxsize=count)  # holds exactly the lanes' sessions
         for k in range(count):
             free.put(opened[k % len(opened)])
         self._sessions["cpu"], self._free = opened[0], free
