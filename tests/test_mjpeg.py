@@ -252,3 +252,38 @@ def test_live_batches_are_made_just_in_time_for_the_engine() -> None:
     # starts, not a whole inference (200 ms) old; and the engine does not wait for it
     assert age_ms[len(age_ms) // 2] < 80.0, age_ms
     assert gap_ms[len(gap_ms) // 2] < 30.0, gap_ms
+
+
+def test_the_first_live_batches_are_made_just_in_time_too() -> None:
+    # given a 100 fps camera and a model that takes 0.2 s a batch, warmed up (the default)
+    import torch
+
+    from drivepercept.models.base import Detector
+
+    class Sleepy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+            time.sleep(0.2)
+            empty = {"boxes": torch.zeros((0, 4)), "scores": torch.zeros(0)}
+            return [{**empty, "labels": torch.zeros(0, dtype=torch.long)} for _ in x]
+
+    config = PipelineConfig(
+        device="cpu",
+        drop_policy="drop_oldest",
+        queue_capacity=1,
+        max_in_flight=2,  # live's own: a batch made at once could wait behind two
+        ring_slots=3,
+        sample_hz=0.0,
+    )
+    sink = _Collect()
+    with Pipeline(
+        cameras=[("c", _Encoded(frames=80, pace_s=0.01))],
+        detector=Detector("sleepy", Sleepy(), InputSpec((64, 64)), ("a",)),
+        config=config,
+        sinks=[sink],
+    ) as pipeline:
+        pipeline.run()
+    # then the batches that follow the first are not made while it computes, to wait behind
+    # it: the warm-up's compute is the engine's first estimate of when it will be free
+    first = sink.results[1:4]
+    waited_ms = [(r.timing.compute_start_ns - r.timing.batched_ns) / 1e6 for r in first]
+    assert len(first) == 3 and max(waited_ms) < 100.0, waited_ms

@@ -46,6 +46,7 @@ import torch
 
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
+from drivepercept.engine import flight as flights
 from drivepercept.engine.device import on_device
 from drivepercept.engine.failures import BatchFailures
 from drivepercept.engine.flight import InFlight, Staged, new_event, new_stream, tensors
@@ -114,10 +115,9 @@ class InferenceEngine:
         self._compute_since_ns = 0
         self._compute_ema_ns = 0.0
         self._held = False
-        # On the CPU a staging slot is free once its float copy is taken, and replay lets the
-        # batcher refill it during compute. Live (drop_oldest) keeps it until the model is
-        # done: the batcher then takes each camera's newest frame just when the engine is
-        # free, instead of a batch that ages a whole inference while it waits.
+        # On the CPU a staging slot is free once its float copy is taken: replay refills it
+        # during compute. Live (drop_oldest) keeps it until the model is done, so that the
+        # batcher takes each camera's newest frame just when the engine is free.
         self._release_early = config.drop_policy == "block"
         # Replay on CPU lanes: each batch is handed whole to a free lane (cut over them when
         # none waits behind it) and the next one taken at once, the completion thread
@@ -174,16 +174,13 @@ class InferenceEngine:
 
     # ------------------------------------------------------------------ engine thread
 
-    def _stream(self, stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[None]:
-        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-
     def _upload(self, rows: torch.Tensor, batch: Batch | None) -> Staged:
         if not self.cuda:
             now = time.monotonic_ns()
             return Staged(batch, rows.shape[0], rows, now, copy_done_ns=now)
         start = new_event()
         copied = new_event(waited_on=True)
-        with self._stream(self._copy_stream):
+        with flights.on_stream(self._copy_stream):
             start.record()
             submit_ns = time.monotonic_ns()
             device_u8 = rows.to(self.device, non_blocking=True)
@@ -220,7 +217,7 @@ class InferenceEngine:
         """Launch normalise + model on the compute stream (returns before the device is done,
         unless the model itself waits for it)."""
         times: dict[str, int] = {}
-        with self._stream(self._compute_stream), torch.inference_mode():
+        with flights.on_stream(self._compute_stream), torch.inference_mode():
             started: torch.cuda.Event | None = None
             if self.cuda:
                 assert self._compute_stream is not None and staged.copied is not None
@@ -265,17 +262,20 @@ class InferenceEngine:
 
     def _warm_up(self) -> None:
         """One batch at the rig's size and one of a single frame, through every step and
-        stream, waited for; timed, and never counted as frames."""
+        stream, waited for; timed, and never counted as frames. On a CPU the full batch's compute
+        is `free_at_ns`'s first estimate (live's first batches, docs/BENCHMARKS.md)."""
         width, height = self.detector.input.size
         runs = []
         for size in dict.fromkeys((self.max_batch, 1)):
             with on_device(self.device):
-                # a fixed non-constant pattern: an all-zero image may take no box path at all
-                line = (torch.arange(width * 3, dtype=torch.int32) % 251).to(torch.uint8)
-                rows = line.reshape(1, 1, width, 3).expand(size, height, width, 3)
-                rows = rows.pin_memory() if self.cuda else rows.contiguous()
+                rows = flights.warmup_rows(size, width, height, pin=self.cuda)
             start = time.perf_counter_ns()
-            self._post(self._compute(self._upload(rows, None)))
+            staged = self._upload(rows, None)
+            computed = time.monotonic_ns()
+            flight = self._compute(staged)
+            if size == self.max_batch and not self.cuda:  # the first estimate of a compute
+                self._compute_ema_ns = float(time.monotonic_ns() - computed)
+            self._post(flight)
             runs.append(WarmupRun(size, (time.perf_counter_ns() - start) / 1e6))
         self.warmup = tuple(runs)
         log.debug("warm-up: %s", ", ".join(f"batch {r.batch_size}: {r.ms:.1f} ms" for r in runs))
@@ -377,7 +377,7 @@ class InferenceEngine:
             staged.copied.synchronize()
             self._release(staged)  # the upload is done: the slot may be refilled
             flight.inferred.synchronize()
-        with self._stream(self._post_stream), torch.inference_mode():
+        with flights.on_stream(self._post_stream), torch.inference_mode():
             if self.cuda:
                 assert self._post_stream is not None and flight.inferred is not None
                 self._post_stream.wait_event(flight.inferred)

@@ -3,6 +3,7 @@ launched compute, and the CUDA streams and events that order and time them."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -52,3 +53,16 @@ def new_event(*, waited_on: bool = False) -> torch.cuda.Event:
 def tensors(outputs: Outputs) -> Iterator[torch.Tensor]:
     for out in outputs:
         yield from (v for v in out.values() if isinstance(v, torch.Tensor))
+
+
+def warmup_rows(size: int, width: int, height: int, *, pin: bool) -> torch.Tensor:
+    """A warm-up batch of staged uint8 rows (size, H, W, 3): a fixed pattern that is not
+    constant (an all-zero image may take no box path at all), pinned for a GPU."""
+    line = (torch.arange(width * 3, dtype=torch.int32) % 251).to(torch.uint8)
+    rows = line.reshape(1, 1, width, 3).expand(size, height, width, 3)
+    return rows.pin_memory() if pin else rows.contiguous()
+
+
+def on_stream(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[None]:
+    """Work queued on `stream` (CUDA), or as it comes (no stream: the CPU)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
