@@ -570,12 +570,13 @@ def test_ort_runs_in_lanes_of_one_thread_with_the_boxes_of_one_session(tmp_path:
     finally:
         two.close()
         one.close()
-    # then the lanes' sessions run on one thread each, the record says so, and the boxes
-    # are the single session's
+    # then the lanes' sessions run on one thread each, an image at a time, the record says
+    # so, and the boxes are the single session's (a batch of four in one run)
     module: Any = lanes_ort.module
     assert two.lanes.count == 2 and module.lanes == 2 and module.threads == 1
     assert module._sessions["cpu"].get_session_options().intra_op_num_threads == 1
     assert module.describe()["lanes"] == 2 and one_ort.module.describe()["lanes"] == 1
+    assert module.describe()["per_image"] and not one_ort.module.describe()["per_image"]
     assert torch.equal(got_n, want_n) and int(want_n.sum()) > 0
     assert torch.allclose(got, want, atol=1e-3)
     # and a second laned step keeps the sessions it has (nothing opened again)
@@ -587,5 +588,5 @@ def test_ort_runs_in_lanes_of_one_thread_with_the_boxes_of_one_session(tmp_path:
         lanes_ort, dataclasses.replace(config, cpu_lanes=1), torch.device("cpu"), max_batch=4
     )
     again.close()
-    assert module.lanes == 1 and module.threads == 2
+    assert module.lanes == 1 and module.threads == 2 and not module.per_image
     assert module._sessions["cpu"].get_session_options().intra_op_num_threads == 2
