@@ -214,8 +214,9 @@ def test_a_corrupt_frame_is_left_out_and_the_camera_goes_on() -> None:
     assert stats.frames == len(sink.results) >= 6
 
 
-def test_live_batches_are_made_just_in_time_for_the_engine() -> None:
-    # given a 100 fps camera (frames encoded) and a model that takes 0.2 s a batch
+def _sleepy_live_run(*, frames: int, in_flight: int) -> list[FrameResult]:
+    """One 100 fps camera (frames encoded) in live's settings, through a model that takes
+    0.2 s a batch (warmed up, the default): its results."""
     import torch
 
     from drivepercept.models.base import Detector
@@ -230,19 +231,25 @@ def test_live_batches_are_made_just_in_time_for_the_engine() -> None:
         device="cpu",
         drop_policy="drop_oldest",
         queue_capacity=1,
-        max_in_flight=1,
-        ring_slots=2,  # live's: one slot in flight, one for the next batch
+        max_in_flight=in_flight,
+        ring_slots=in_flight + 1,  # live's: the slots in flight, one for the next batch
         sample_hz=0.0,
     )
     sink = _Collect()
     with Pipeline(
-        cameras=[("c", _Encoded(frames=250, pace_s=0.01))],
+        cameras=[("c", _Encoded(frames=frames, pace_s=0.01))],
         detector=Detector("sleepy", Sleepy(), InputSpec((64, 64)), ("a",)),
         config=config,
         sinks=[sink],
     ) as pipeline:
         pipeline.run()
-    later = sink.results[5:]  # once the compute and preparation times are learnt
+    return sink.results
+
+
+def test_live_batches_are_made_just_in_time_for_the_engine() -> None:
+    # given a 100 fps camera and a model that takes 0.2 s a batch, one batch in flight
+    results = _sleepy_live_run(frames=250, in_flight=1)
+    later = results[5:]  # once the compute and preparation times are learnt
     age_ms = sorted((r.timing.compute_start_ns - r.timing.capture_ns) / 1e6 for r in later)
     gap_ms = sorted(
         (b.timing.compute_start_ns - a.timing.inference_done_ns) / 1e6
@@ -255,35 +262,11 @@ def test_live_batches_are_made_just_in_time_for_the_engine() -> None:
 
 
 def test_the_first_live_batches_are_made_just_in_time_too() -> None:
-    # given a 100 fps camera and a model that takes 0.2 s a batch, warmed up (the default)
-    import torch
-
-    from drivepercept.models.base import Detector
-
-    class Sleepy(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-            time.sleep(0.2)
-            empty = {"boxes": torch.zeros((0, 4)), "scores": torch.zeros(0)}
-            return [{**empty, "labels": torch.zeros(0, dtype=torch.long)} for _ in x]
-
-    config = PipelineConfig(
-        device="cpu",
-        drop_policy="drop_oldest",
-        queue_capacity=1,
-        max_in_flight=2,  # live's own: a batch made at once could wait behind two
-        ring_slots=3,
-        sample_hz=0.0,
-    )
-    sink = _Collect()
-    with Pipeline(
-        cameras=[("c", _Encoded(frames=80, pace_s=0.01))],
-        detector=Detector("sleepy", Sleepy(), InputSpec((64, 64)), ("a",)),
-        config=config,
-        sinks=[sink],
-    ) as pipeline:
-        pipeline.run()
+    # given the same with live's own two batches in flight (a batch made at once could wait
+    # behind two)
+    results = _sleepy_live_run(frames=80, in_flight=2)
     # then the batches that follow the first are not made while it computes, to wait behind
     # it: the warm-up's compute is the engine's first estimate of when it will be free
-    first = sink.results[1:4]
+    first = results[1:4]
     waited_ms = [(r.timing.compute_start_ns - r.timing.batched_ns) / 1e6 for r in first]
     assert len(first) == 3 and max(waited_ms) < 100.0, waited_ms
