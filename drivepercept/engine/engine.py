@@ -263,7 +263,7 @@ class InferenceEngine:
     def _warm_up(self) -> None:
         """One batch at the rig's size and one of a single frame, through every step and
         stream, waited for; timed, and never counted as frames. On a CPU the full batch's compute
-        is `free_at_ns`'s first estimate (live's first batches, docs/BENCHMARKS.md)."""
+        (not a compile) is `free_at_ns`'s first estimate (live's first batches, BENCHMARKS.md)."""
         width, height = self.detector.input.size
         runs = []
         for size in dict.fromkeys((self.max_batch, 1)):
@@ -273,7 +273,7 @@ class InferenceEngine:
             staged = self._upload(rows, None)
             computed = time.monotonic_ns()
             flight = self._compute(staged)
-            if size == self.max_batch and not self.cuda:  # the first estimate of a compute
+            if size == self.max_batch and not self.cuda and self.step.compiled is None:
                 self._compute_ema_ns = float(time.monotonic_ns() - computed)
             self._post(flight)
             runs.append(WarmupRun(size, (time.perf_counter_ns() - start) / 1e6))

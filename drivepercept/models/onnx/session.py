@@ -158,7 +158,7 @@ class OnnxDetector(nn.Module):
     def forward(self, x: torch.Tensor) -> layouts.Outputs:
         b = x.shape[0]
         hw = (int(x.shape[2]), int(x.shape[3]))
-        loop = self._check_batch(b) or (self.per_image and self.fixed_batch is None)
+        loop = self._check_batch(b) or self.per_image
         bound = self._device_run(x.device) if x.device.type == "cuda" else None
         if bound is not None:
             return self._decode(bound(x, hw), hw)
@@ -271,8 +271,10 @@ class OnnxDetector(nn.Module):
             free.put(opened[k % len(opened)])
         self._sessions["cpu"], self._free = opened[0], free
         self.threads, self.lanes = threads, count
-        # a one-thread run is cheaper per image at batch 1 than at 3 or 6 (see the docstring)
-        self.per_image = threads == 1
+        # a one-thread run is cheaper per image at batch 1 than at 3 or 6 (see the docstring),
+        # where the images' outputs are of fixed sizes (to be joined into the batch's)
+        fixed = all(None not in port.shape[1:] for port in self.graph.outputs)
+        self.per_image = threads == 1 and self.fixed_batch is None and fixed
         return True
 
     def run_cpu_on(self, session: Any) -> None:
