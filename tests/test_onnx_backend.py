@@ -60,12 +60,17 @@ class _End2EndLike(torch.nn.Module):
         return labels, boxes, scores
 
 
-def _export(module: torch.nn.Module, path: Path, *, end2end: bool = False) -> Path:
+def _export(
+    module: torch.nn.Module, path: Path, *, end2end: bool = False, counted: bool = False
+) -> Path:
+    """`counted`: the outputs' second dimension (detections per image) is left variable."""
     x = torch.zeros(1, 3, 64, 96)
     args: tuple[Any, ...] = (x, torch.tensor([[96, 64]])) if end2end else (x,)
     inputs = ["images", "orig_target_sizes"] if end2end else ["images"]
     outputs = ["labels", "boxes", "scores"] if end2end else ["output"]
-    axes = {name: {0: "N"} for name in inputs + outputs}
+    axes: dict[str, dict[int, str]] = {name: {0: "N"} for name in inputs + outputs}
+    for name in outputs if counted else ():
+        axes[name][1] = "K"
     torch.onnx.export(
         module, args, str(path), input_names=inputs, output_names=outputs,
         dynamic_axes=axes, opset_version=17, dynamo=False,
@@ -111,6 +116,25 @@ def test_end2end_boxes_come_back_in_model_input_pixels(tmp_path: Path) -> None:
     assert len(out) == 3
     assert out[2]["boxes"][0].tolist() == pytest.approx([24.0, 16.0, 48.0, 48.0])
     assert out[2]["labels"][0] == 2
+
+
+def test_lanes_of_one_thread_keep_whole_batches_where_outputs_vary_in_size(
+    tmp_path: Path,
+) -> None:
+    # given an end2end export whose detections per image are of a variable count (per-image
+    # runs might not join into one batch; drivepercept-tiny's fixed 100 do: test_runtime)
+    counted = load_detector(
+        str(_export(_End2EndLike(), tmp_path / "k.onnx", end2end=True, counted=True))
+    )
+    x = torch.zeros(3, 3, 64, 96)
+    whole = counted.module(x)
+    # when it is set to run in two lanes of one thread
+    assert counted.module.use_lanes(2, 1)
+    # then it keeps running whole batches, with the same results, and says so
+    assert not counted.module.per_image and not counted.module.describe()["per_image"]
+    for got, want in zip(counted.module(x), whole, strict=True):
+        assert torch.equal(got["boxes"], want["boxes"])
+        assert torch.equal(got["labels"], want["labels"])
 
 
 # ------------------------------------------------------------------ refusals
