@@ -272,8 +272,9 @@ class OnnxDetector(nn.Module):
         self._sessions["cpu"], self._free = opened[0], free
         self.threads, self.lanes = threads, count
         # a one-thread run is cheaper per image at batch 1 than at 3 or 6 (see the docstring),
-        # where the images' outputs are of fixed sizes (to be joined into the batch's)
-        fixed = all(None not in port.shape[1:] for port in self.graph.outputs)
+        # where the images' outputs join into the batch's: a grid layout's are of one size (its
+        # anchors), an end2end export's only where its detection count is fixed
+        fixed = self.layout != "end2end" or all(None not in o.shape[1:] for o in self.graph.outputs)
         self.per_image = threads == 1 and self.fixed_batch is None and fixed
         return True
 
