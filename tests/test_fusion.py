@@ -122,6 +122,25 @@ def test_two_objects_side_by_side_stay_apart() -> None:
     assert len(objects) == 3
 
 
+def test_a_place_off_in_range_joins_its_own_object_not_a_neighbour_beside_it() -> None:
+    """A place is sure across the line of sight (the box's column) and unsure along it (one
+    pixel row of its bottom): a person at 30 m that `front` places 4 m too far joins the
+    person `front_right` sees on its line of sight, not the neighbour 2 m nearer to that
+    place but off to the side."""
+    fusion = RigFusion(_cams())
+    a, b = (30.0, -3.0), (33.0, -5.2)
+    r = math.hypot(*a)
+    a_far = (a[0] + 4.0 * a[0] / r, a[1] + 4.0 * a[1] / r)  # 4 m on along the line of sight
+    assert math.dist(a_far, b) < math.dist(a_far, a) / 1.9  # nearer the neighbour, by far
+    for k in range(5):
+        links, _ = fusion.step(k / 10, [
+            Observation("front_right", 5, "pedestrian", (0, 0, 1, 1), a),
+            Observation("front_right", 6, "pedestrian", (0, 0, 1, 1), b),
+            Observation("front", 1, "pedestrian", (0, 0, 1, 1), a_far),
+        ])  # fmt: skip
+        assert links[("front", 1)] == links[("front_right", 5)] != links[("front_right", 6)]
+
+
 def test_sightings_frames_apart_in_one_step_are_one_object() -> None:
     """A batch can hold frames a few apart (each camera's decoder runs at its own pace): an
     oncoming car at 30 m/s seen by `front` now and by `front_left` three frames (0.2 s)
@@ -209,7 +228,7 @@ def test_two_ids_of_one_object_in_two_cameras_become_one_after_three_steps() -> 
     # placed it (its box was cut by the image's side), so that each got an id of its own
     fusion = RigFusion(_cams())
     a, _ = fusion.step(0.0, [Observation("front", 1, "car", (0, 0, 1, 1), (20.0, 8.0))])
-    b, _ = fusion.step(0.1, [Observation("front_left", 4, "car", (0, 0, 1, 1), (20.0, 14.0))])
+    b, _ = fusion.step(0.1, [Observation("front_left", 4, "car", (0, 0, 1, 1), (20.0, 12.0))])
     assert a[("front", 1)] != b[("front_left", 4)]
     # when both then see it at one place, step after step
     both = [
@@ -257,24 +276,24 @@ def test_boxes_cut_by_the_images_side_with_a_width_per_box() -> None:
 
 
 def test_two_people_joined_the_wrong_way_round_change_over() -> None:
-    """Two pedestrians 2 m apart at 25 m, joined crosswise on the step each camera's second
+    """Two pedestrians 1.2 m apart at 25 m, joined crosswise on the step each camera's second
     track appeared (each join was within the gate): step after step, each camera's track
     fits the other object better, and after `swap_steps` steps one camera's pair changes
     over (one only: both changing would undo it)."""
     fusion = RigFusion(_cams())
 
     def seen(front_left_first: bool) -> list[Observation]:
-        obs = [Observation("front", 1, "pedestrian", (0, 0, 1, 1), (25.0, 1.0))]
-        obs.append(Observation("front_right", 5, "pedestrian", (0, 0, 1, 1), (25.0, -1.0)))
+        obs = [Observation("front", 1, "pedestrian", (0, 0, 1, 1), (25.0, 0.6))]
+        obs.append(Observation("front_right", 5, "pedestrian", (0, 0, 1, 1), (25.0, -0.6)))
         if not front_left_first:
-            obs.append(Observation("front", 2, "pedestrian", (0, 0, 1, 1), (25.0, -1.0)))
-            obs.append(Observation("front_right", 6, "pedestrian", (0, 0, 1, 1), (25.0, 1.0)))
+            obs.append(Observation("front", 2, "pedestrian", (0, 0, 1, 1), (25.0, -0.6)))
+            obs.append(Observation("front_right", 6, "pedestrian", (0, 0, 1, 1), (25.0, 0.6)))
         return obs
 
     links, _ = fusion.step(0.0, seen(True))
     assert links[("front", 1)] == links[("front_right", 5)]  # one person so far, joined
     links, _ = fusion.step(0.1, seen(False))
-    assert links[("front", 2)] == links[("front_right", 6)]  # crosswise: each 2 m off
+    assert links[("front", 2)] == links[("front_right", 6)]  # crosswise: each 1.2 m off
     steps = fusion.params.swap_steps
     for k in range(2, 2 + steps):
         links, _ = fusion.step(k / 10, seen(False))
@@ -287,6 +306,7 @@ def test_two_people_joined_the_wrong_way_round_change_over() -> None:
 
 
 def test_fusion_settings_out_of_range_are_refused() -> None:
-    for bad in ({"swap_gain": 1.5}, {"swap_steps": 0}, {"merge_steps": True}, {"gate_m": 0}):
+    bad_ones = ({"swap_gain": 1.5}, {"swap_steps": 0}, {"merge_steps": True}, {"gate_m": 0})
+    for bad in (*bad_ones, {"lateral_m": 0.0}, {"lateral_per_m": -0.1}):
         with pytest.raises(ConfigError):
             FusionParams(**bad)  # type: ignore[arg-type]
