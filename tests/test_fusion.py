@@ -310,3 +310,17 @@ def test_fusion_settings_out_of_range_are_refused() -> None:
     for bad in (*bad_ones, {"lateral_m": 0.0}, {"lateral_per_m": -0.1}):
         with pytest.raises(ConfigError):
             FusionParams(**bad)  # type: ignore[arg-type]
+
+
+def test_the_elliptic_gate_is_long_along_the_line_of_sight_and_one_rule_for_one_or_many() -> None:
+    from drivepercept.tracking.fusion import _apart, _apart_many
+
+    params = FusionParams()
+    sighting = (30.0, 0.0)  # straight ahead: along is x, across is y
+    assert _apart(params, sighting, (36.0, 0.0)) < 1.0  # 6 m in range: inside (6.1 m gate)
+    assert _apart(params, sighting, (30.0, 2.0)) > 1.0  # 2 m beside it: outside (1.6 m)
+    rng = np.random.default_rng(0)
+    for xy in [(0.0, 0.0), (12.0, -5.0), (-40.0, 20.0)]:
+        places = rng.uniform(-50, 50, size=(20, 2))
+        one = [_apart(params, xy, (float(p[0]), float(p[1]))) for p in places]
+        assert np.allclose(_apart_many(params, xy, places), one)

@@ -154,34 +154,31 @@ def _gate(params: FusionParams, xy: Place) -> float:
     return params.gate_m + params.gate_per_m * math.hypot(xy[0], xy[1])
 
 
-def _apart(params: FusionParams, a: Place, b: Place) -> float:
-    """How far place `b` is from sighting `a`, in gates: along `a`'s line of sight over the
-    range gate at `a`'s range (`_gate`), across it over the lateral one; 1 is the gate's
-    edge. The rig's cameras sit within a metre or two of the ego origin, so one line of
-    sight from there serves all of them."""
-    r = math.hypot(a[0], a[1])
-    dx, dy = b[0] - a[0], b[1] - a[1]
+def _axes(params: FusionParams, xy: Place) -> tuple[float, float, float, float]:
+    """The gate at sighting `xy`: (along, across, ux, uy), its half-widths along and across
+    its line of sight and that line's direction (the rig's cameras sit within a metre or two
+    of the ego origin, so one line of sight from there serves all of them); at the origin
+    itself no direction, and a round gate."""
+    r = math.hypot(xy[0], xy[1])
     along = params.gate_m + params.gate_per_m * r
     if r < 1e-6:
-        return math.hypot(dx, dy) / along
-    across = min(along, params.lateral_m + params.lateral_per_m * r)
-    ux, uy = a[0] / r, a[1] / r
+        return along, along, 1.0, 0.0
+    return along, min(along, params.lateral_m + params.lateral_per_m * r), xy[0] / r, xy[1] / r
+
+
+def _apart(params: FusionParams, a: Place, b: Place) -> float:
+    """How far place `b` is from sighting `a`, in gates (`_axes` at `a`): 1 is the gate's
+    edge. Plain floats: it runs once per linked sighting a step."""
+    along, across, ux, uy = _axes(params, a)
+    dx, dy = b[0] - a[0], b[1] - a[1]
     return math.hypot((dx * ux + dy * uy) / along, (dx * uy - dy * ux) / across)
 
 
 def _apart_many(params: FusionParams, xy: Place, places: FloatArray) -> FloatArray:
     """`_apart` of each of `places` (K, 2) from sighting `xy`: (K,)."""
-    r = math.hypot(xy[0], xy[1])
-    d = places - np.asarray(xy)
-    along = params.gate_m + params.gate_per_m * r
-    if r < 1e-6:
-        far: FloatArray = np.hypot(d[:, 0], d[:, 1]) / along
-        return far
-    across = min(along, params.lateral_m + params.lateral_per_m * r)
-    ux, uy = xy[0] / r, xy[1] / r
-    out: FloatArray = np.hypot(
-        (d[:, 0] * ux + d[:, 1] * uy) / along, (d[:, 0] * uy - d[:, 1] * ux) / across
-    )
+    along, across, ux, uy = _axes(params, xy)
+    dx, dy = places[:, 0] - xy[0], places[:, 1] - xy[1]
+    out: FloatArray = np.hypot((dx * ux + dy * uy) / along, (dx * uy - dy * ux) / across)
     return out
 
 
