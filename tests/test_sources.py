@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from drivepercept.sources.prepare import plan_letterbox, prepare
-from drivepercept.sources.readers import ImageFolderReader, SourceError, VideoReader
+from drivepercept.sources.readers import (
+    AUTO_THREADS,
+    ImageFolderReader,
+    SourceError,
+    VideoReader,
+    decode_threads,
+)
 from drivepercept.types import InputSpec
 
 
@@ -64,6 +70,28 @@ def test_readers_refuse_what_they_cannot_read(tmp_path: Path) -> None:
     bad.write_bytes(b"\x00" * 1000)
     with pytest.raises(SourceError, match="cannot open"):
         VideoReader(bad)
+
+
+def test_cameras_share_the_cores_out_among_their_decoders() -> None:
+    assert decode_threads(1, cores=2) == AUTO_THREADS  # one camera: FFmpeg's own choice
+    assert decode_threads(6, cores=2) == 1  # never fewer than one each
+    assert decode_threads(2, cores=2) == 1
+    assert decode_threads(6, cores=16) == 2
+    assert decode_threads(3, cores=16) == 5
+
+
+def test_one_decoder_thread_reads_the_same_frames_as_ffmpegs_own_choice() -> None:
+    video = Path(__file__).resolve().parents[1] / "sample_videos" / "front.mp4"
+    readers = [VideoReader(video, threads=t) for t in (AUTO_THREADS, 1)]
+    try:
+        for k in range(40):
+            auto, one = (r.read() for r in readers)
+            assert auto is not None and one is not None, k
+            assert auto.pts_s == one.pts_s
+            assert np.array_equal(auto.image_bgr, one.image_bgr), k
+    finally:
+        for r in readers:
+            r.close()
 
 
 def test_image_folder_reads_in_name_order_and_skips_broken_files(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from drivepercept.rig import is_device, is_stream
 from drivepercept.sources.mjpeg import MjpegReader, NotMjpegError
 from drivepercept.sources.probe import why_not_open
 from drivepercept.sources.readers import (
+    AUTO_THREADS,
     FrameReader,
     RawFrame,
     SourceError,
@@ -70,8 +71,11 @@ class CaptureReader:
         self._cap.release()
 
 
-def open_live_reader(source: str, policy: ReconnectPolicy) -> FrameReader:
-    """One connection attempt. Raises SourceError when it fails.
+def open_live_reader(
+    source: str, policy: ReconnectPolicy, *, threads: int = AUTO_THREADS
+) -> FrameReader:
+    """One connection attempt (a video file decoded on `threads` FFmpeg threads). Raises
+    SourceError when it fails.
 
     An http(s) URL is first read as MJPEG by `MjpegReader` (frames handed over undecoded, so
     that only the ones used are decoded); a URL that answers with anything else, and every
@@ -84,4 +88,4 @@ def open_live_reader(source: str, policy: ReconnectPolicy) -> FrameReader:
             pass
     if is_stream(source) or is_device(source):
         return CaptureReader(source, policy=policy)
-    return open_reader(source)
+    return open_reader(source, threads=threads)

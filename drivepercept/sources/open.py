@@ -11,7 +11,7 @@ from drivepercept.config import ReconnectPolicy
 from drivepercept.rig import CameraConfig, camera_source, resolve_cameras
 from drivepercept.sources.capture import open_live_reader
 from drivepercept.sources.live import LiveSource, PaceClock
-from drivepercept.sources.readers import FrameReader, open_reader
+from drivepercept.sources.readers import FrameReader, decode_threads, open_reader
 from drivepercept.types import Pacing
 
 
@@ -46,16 +46,18 @@ def resolve_sources(
     return resolve_cameras(expanded, live=live)
 
 
-def _open_file(cam: CameraConfig, source: str) -> FrameReader:
+def _open_file(cam: CameraConfig, source: str, threads: int) -> FrameReader:
     if cam.topic is not None:
         from drivepercept.sources.recordings import RecordingReader
 
         return RecordingReader(Path(source), cam.topic)
-    return open_reader(source)
+    return open_reader(source, threads=threads)
 
 
-def _open_topic(cam: CameraConfig, source: str, policy: ReconnectPolicy) -> FrameReader:
-    return _open_file(cam, source)
+def _open_topic(
+    cam: CameraConfig, threads: int, source: str, policy: ReconnectPolicy
+) -> FrameReader:
+    return _open_file(cam, source, threads)
 
 
 def open_cameras(
@@ -73,9 +75,11 @@ def open_cameras(
     its own frame rate (a recorded topic at its stamps), on one `PaceClock` so that the
     cameras of one recording play in step, and a device or stream connects on its decoder thread (a
     failure there is a state, not an exception). `LIVE` reads a camera's live source where
-    it has one, not its recorded video.
+    it has one, not its recorded video. Video files decode on `decode_threads` FFmpeg
+    threads each.
     """
     live = pacing is Pacing.LIVE
+    threads = decode_threads(len(cams))
     clock = PaceClock()
     readers: list[FrameReader] = []
     try:
@@ -91,13 +95,13 @@ def open_cameras(
                         stop=stop,
                         realtime=True,
                         clock=clock,
-                        opener=functools.partial(_open_topic, cam)
+                        opener=functools.partial(_open_topic, cam, threads)
                         if recorded
-                        else open_live_reader,
+                        else functools.partial(open_live_reader, threads=threads),
                     )
                 )
             else:
-                readers.append(_open_file(cam, source))
+                readers.append(_open_file(cam, source, threads))
     except BaseException:
         for r in readers:
             r.close()

@@ -10,6 +10,7 @@ Every reader type keeps its own state: nothing outside `sources/` asks which typ
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,19 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
 DEFAULT_FOLDER_FPS = 10.0
 MAX_SKIPPED = 64  # failed reads in a row a video is tried past before it counts as ended
+AUTO_THREADS = 0  # FFmpeg's own choice of decoder threads (OpenCV's: one per core)
+
+
+def decode_threads(cameras: int, cores: int | None = None) -> int:
+    """FFmpeg decoder threads for each of `cameras` videos decoded at once on `cores` cores
+    (None: this machine's): the cores shared out, at least one each; `AUTO_THREADS` for a
+    single camera. OpenCV gives every decoder one thread per core, so six cameras on two
+    cores ran twelve FFmpeg threads on top of the six camera threads and the model's; one
+    each read the same six videos at 3-10 % less CPU a frame (docs/BENCHMARKS.md, "Decoder
+    threads")."""
+    if cameras <= 1:
+        return AUTO_THREADS
+    return max(1, (cores or os.cpu_count() or 1) // cameras)
 
 
 class SourceError(DrivePerceptError):
@@ -123,9 +137,13 @@ class _FileState:
 
 
 class VideoReader:
-    """A video file (or anything OpenCV's FFmpeg backend opens) read with cv2.VideoCapture."""
+    """A video file (or anything OpenCV's FFmpeg backend opens) read with cv2.VideoCapture,
+    decoded on `threads` FFmpeg threads (`AUTO_THREADS`: FFmpeg's choice; see
+    `decode_threads`)."""
 
-    def __init__(self, path: str | Path, *, fps: float | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, fps: float | None = None, threads: int = AUTO_THREADS
+    ) -> None:
         self.path = str(path)
         if not is_stream(self.path):
             p = Path(self.path)
@@ -135,7 +153,8 @@ class VideoReader:
                 raise SourceError(f"expected a video file, got a folder: {p}")
             if not p.is_file():  # opening a FIFO would wait for a writer, forever
                 raise SourceError(f"expected a video file, got {p} (a pipe, socket or device)")
-        self._cap = cv2.VideoCapture(self.path, cv2.CAP_FFMPEG)
+        params = [cv2.CAP_PROP_N_THREADS, threads] if threads > 0 else []
+        self._cap = cv2.VideoCapture(self.path, cv2.CAP_FFMPEG, params)
         if not self._cap.isOpened():
             self._cap.release()
             raise SourceError(
@@ -256,8 +275,10 @@ class ImageFolderReader:
         self._files = []
 
 
-def open_reader(source: str | Path, *, fps: float | None = None) -> FrameReader:
-    """A reader for a video file/URL or an image folder."""
+def open_reader(
+    source: str | Path, *, fps: float | None = None, threads: int = AUTO_THREADS
+) -> FrameReader:
+    """A reader for a video file/URL (on `threads` decoder threads) or an image folder."""
     if Path(source).is_dir():
         return ImageFolderReader(source, fps=fps)
-    return VideoReader(source, fps=fps)
+    return VideoReader(source, fps=fps, threads=threads)
