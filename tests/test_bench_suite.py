@@ -27,7 +27,7 @@ from drivepercept.bench.capacity import (
 )
 from drivepercept.bench.ceiling import CeilingLine, CeilingResult
 from drivepercept.bench.common import SpeedOptions
-from drivepercept.bench.compare import BenchLine, BenchResult
+from drivepercept.bench.compare import BenchLine, BenchResult, round_ratios
 from drivepercept.bench.live import LiveResult, live_bench
 from drivepercept.bench.served import LiveStep, measure_live
 from drivepercept.errors import ConfigError
@@ -206,8 +206,29 @@ def test_a_single_mode_table_has_no_ratios() -> None:
     result = BenchResult((BenchLine("pipeline", 60, 2.0),), batch=6, device="cpu")
     assert "pipeline / " not in result.table()
     assert result.as_dict()["lines"] == [
-        {"mode": "pipeline", "frames": 60, "seconds": 2.0, "fps": 30.0, "load": None}
+        {
+            "mode": "pipeline",
+            "frames": 60,
+            "seconds": 2.0,
+            "fps": 30.0,
+            "round_fps": [],
+            "load": None,
+        }
     ]
+
+
+def test_the_ratios_are_of_the_bests_and_round_by_round() -> None:
+    # given three interleaved rounds where the host's speed drifted: round 2 of the pipeline
+    # ran slow, round 3 of the model alone did
+    model_only = BenchLine("model-only", 90, 1.0, round_fps=(80.0, 90.0, 60.0))
+    pipeline = BenchLine("pipeline", 90, 1.2, round_fps=(72.0, 45.0, 75.0))
+    result = BenchResult((model_only, pipeline), batch=6, device="cpu", rounds=3)
+    assert round_ratios(pipeline, model_only) == pytest.approx((0.9, 0.5, 1.25))
+    row = next(r for r in result.table().splitlines() if r.startswith("pipeline / model-only"))
+    # the bests' ratio (75 / 90), then each round's, then their median
+    assert row.split(":")[1].split()[0] == "0.83x"
+    assert "round by round 0.90, 0.50, 1.25; median 0.90" in row
+    assert result.as_dict()["lines"][1]["round_fps"] == [72.0, 45.0, 75.0]
 
 
 SPEED = SpeedOptions("fp16", True, True, False, 0, 16, ("compile: no compiler here",))

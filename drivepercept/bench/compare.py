@@ -21,6 +21,7 @@ it runs, so the pipeline pays the cost of one sampler, as in a replay).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,16 +57,33 @@ def load_cells(load: LoadFigures | None) -> str:
 
 @dataclass(frozen=True)
 class BenchLine:
-    """One mode's fastest round, and the load over all of its rounds."""
+    """One mode's fastest round, the load over all of its rounds, and every round's
+    frames/s in the order they ran (`round_fps`; empty for a line built by hand)."""
 
     mode: str
     frames: int
     seconds: float
     load: LoadFigures | None = None
+    round_fps: tuple[float, ...] = ()
 
     @property
     def fps(self) -> float:
         return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+
+def round_ratios(a: BenchLine, b: BenchLine) -> tuple[float, ...]:
+    """a / b round by round: the rounds ran interleaved, so round k of each ran side by
+    side (what the best of each hides: a host whose speed drifts between rounds)."""
+    return tuple(x / y for x, y in zip(a.round_fps, b.round_fps, strict=True) if y > 0)
+
+
+def _ratio_row(name: str, a: BenchLine, b: BenchLine) -> str:
+    row = f"{name + ':':<22} {a.fps / b.fps:.2f}x"
+    ratios = round_ratios(a, b)
+    if len(ratios) > 1:
+        each = ", ".join(f"{r:.2f}" for r in ratios)
+        row += f" (round by round {each}; median {statistics.median(ratios):.2f})"
+    return row
 
 
 MODES = ("model-only", "pipeline", "naive")
@@ -93,12 +111,12 @@ class BenchResult(ResultHeader):
             )
         pipeline, model_only, naive = (self.line(m) for m in ("pipeline", "model-only", "naive"))
         if pipeline and model_only:
-            rows.append(f"pipeline / model-only: {pipeline.fps / model_only.fps:.2f}x")
+            rows.append(_ratio_row("pipeline / model-only", pipeline, model_only))
         if pipeline and naive:
-            rows.append(f"pipeline / naive:      {pipeline.fps / naive.fps:.2f}x")
+            rows.append(_ratio_row("pipeline / naive", pipeline, naive))
         rows.append(
             f"(batch {self.batch}, device {self.device}, best of {self.rounds} interleaved "
-            "rounds; load over every round of a mode:"
+            "rounds, ratios of the bests; load over every round of a mode:"
         )
         rows.extend(LOAD_NOTE)
         return "\n".join(rows)
@@ -115,6 +133,7 @@ class BenchResult(ResultHeader):
                     "frames": x.frames,
                     "seconds": round(x.seconds, 4),
                     "fps": x.fps,
+                    "round_fps": [round(f, 2) for f in x.round_fps],
                     "load": x.load.as_dict() if x.load else None,
                 }
                 for x in self.lines
@@ -225,7 +244,9 @@ def bench(
             runner=runner,
             lines=tuple(
                 dataclasses.replace(
-                    max(found, key=lambda x: x.fps), load=load.figures(windows[mode])
+                    max(found, key=lambda x: x.fps),
+                    load=load.figures(windows[mode]),
+                    round_fps=tuple(x.fps for x in found),
                 )
                 for mode, found in lines.items()
             ),
