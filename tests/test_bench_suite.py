@@ -229,6 +229,8 @@ def test_the_ratios_are_of_the_bests_and_round_by_round() -> None:
     assert row.split(":")[1].split()[0] == "0.83x"
     assert "round by round 0.90, 0.50, 1.25; median 0.90" in row
     assert result.as_dict()["lines"][1]["round_fps"] == [72.0, 45.0, 75.0]
+    # and a line without its rounds (built by hand) gives no round-by-round ratios
+    assert round_ratios(pipeline, BenchLine("model-only", 90, 1.0)) == ()
 
 
 SPEED = SpeedOptions("fp16", True, True, False, 0, 16, ("compile: no compiler here",))

@@ -73,17 +73,21 @@ def test_readers_refuse_what_they_cannot_read(tmp_path: Path) -> None:
 
 
 def test_cameras_share_the_cores_out_among_their_decoders() -> None:
-    assert decode_threads(1, cores=2) == AUTO_THREADS  # one camera: FFmpeg's own choice
+    # given a number of cameras and of cores: each decoder's threads
+    assert decode_threads(1, cores=2) == AUTO_THREADS  # one camera: OpenCV's default
     assert decode_threads(6, cores=2) == 1  # never fewer than one each
     assert decode_threads(2, cores=2) == 1
     assert decode_threads(6, cores=16) == 2
     assert decode_threads(3, cores=16) == 5
 
 
-def test_one_decoder_thread_reads_the_same_frames_as_ffmpegs_own_choice() -> None:
+def test_one_decoder_thread_reads_the_same_frames_as_opencvs_default() -> None:
+    # given a bundled video opened twice, on OpenCV's default decoder threads and on one
     video = Path(__file__).resolve().parents[1] / "sample_videos" / "front.mp4"
     readers = [VideoReader(video, threads=t) for t in (AUTO_THREADS, 1)]
     try:
+        # then the one asked for one decodes on one, and both read the same frames
+        assert readers[1].threads == 1 and readers[0].threads >= 1
         for k in range(40):
             auto, one = (r.read() for r in readers)
             assert auto is not None and one is not None, k

@@ -73,7 +73,10 @@ class BenchLine:
 
 def round_ratios(a: BenchLine, b: BenchLine) -> tuple[float, ...]:
     """a / b round by round: the rounds ran interleaved, so round k of each ran side by
-    side (what the best of each hides: a host whose speed drifts between rounds)."""
+    side (what the best of each hides: a host whose speed drifts between rounds). Empty
+    unless both lines have the same number of rounds."""
+    if len(a.round_fps) != len(b.round_fps):
+        return ()
     return tuple(x / y for x, y in zip(a.round_fps, b.round_fps, strict=True) if y > 0)
 
 

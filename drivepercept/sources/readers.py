@@ -32,19 +32,32 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
 DEFAULT_FOLDER_FPS = 10.0
 MAX_SKIPPED = 64  # failed reads in a row a video is tried past before it counts as ended
-AUTO_THREADS = 0  # FFmpeg's own choice of decoder threads (OpenCV's: one per core)
+AUTO_THREADS = 0  # OpenCV's default decoder threads for FFmpeg: one per core
 
 
 def decode_threads(cameras: int, cores: int | None = None) -> int:
-    """FFmpeg decoder threads for each of `cameras` videos decoded at once on `cores` cores
-    (None: this machine's): the cores shared out, at least one each; `AUTO_THREADS` for a
-    single camera. OpenCV gives every decoder one thread per core, so six cameras on two
-    cores ran twelve FFmpeg threads on top of the six camera threads and the model's; one
-    each read the same six videos at 3-10 % less CPU a frame (docs/BENCHMARKS.md, "Decoder
-    threads")."""
+    """FFmpeg decoder threads for each of `cameras` videos decoded at once.
+
+    OpenCV gives every decoder one thread per core, so six cameras on two cores ran twelve
+    FFmpeg threads on top of the six camera threads and the model's; one each read the same
+    six videos at 3-10 % less CPU a frame (docs/BENCHMARKS.md, "Decoder threads").
+
+    Args:
+        cameras: the videos decoded side by side.
+        cores: the cores to share out (None: the ones this process may run on).
+
+    Returns:
+        The cores shared out, at least one each; `AUTO_THREADS` for a single camera.
+    """
     if cameras <= 1:
         return AUTO_THREADS
-    return max(1, (cores or os.cpu_count() or 1) // cameras)
+    return max(1, (cores or _usable_cores()) // cameras)
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):  # a CPU set or container limit, where the OS says
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 class SourceError(DrivePerceptError):
@@ -138,7 +151,7 @@ class _FileState:
 
 class VideoReader:
     """A video file (or anything OpenCV's FFmpeg backend opens) read with cv2.VideoCapture,
-    decoded on `threads` FFmpeg threads (`AUTO_THREADS`: FFmpeg's choice; see
+    decoded on `threads` FFmpeg threads (`AUTO_THREADS`: OpenCV's default; see
     `decode_threads`)."""
 
     def __init__(
@@ -206,6 +219,11 @@ class VideoReader:
         pts = pos_ms / 1000.0 if pos_ms > 0 or self._index == 0 else self._index / self.info.fps
         self._index += 1
         return RawFrame(image, pts, started_ns)
+
+    @property
+    def threads(self) -> int:
+        """The FFmpeg threads it decodes on, as OpenCV reports them."""
+        return int(self._cap.get(cv2.CAP_PROP_N_THREADS))
 
     def status(self) -> ReaderStatus:
         return self._state.status()
