@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
+from drivepercept.config import ReconnectPolicy
+from drivepercept.sources.open import open_cameras, resolve_sources
 from drivepercept.sources.prepare import plan_letterbox, prepare
 from drivepercept.sources.readers import (
     AUTO_THREADS,
@@ -16,7 +19,7 @@ from drivepercept.sources.readers import (
     VideoReader,
     decode_threads,
 )
-from drivepercept.types import InputSpec
+from drivepercept.types import InputSpec, Pacing
 
 
 @pytest.mark.parametrize(
@@ -93,6 +96,22 @@ def test_one_decoder_thread_reads_the_same_frames_as_opencvs_default() -> None:
             assert auto is not None and one is not None, k
             assert auto.pts_s == one.pts_s
             assert np.array_equal(auto.image_bgr, one.image_bgr), k
+    finally:
+        for r in readers:
+            r.close()
+
+
+def test_a_replayed_rig_decodes_each_video_on_its_share_of_the_cores() -> None:
+    # given the six bundled videos opened as a replay opens them
+    videos = sorted((Path(__file__).resolve().parents[1] / "sample_videos").glob("*.mp4"))
+    cams = resolve_sources([str(v) for v in videos])
+    readers = open_cameras(
+        cams, pacing=Pacing.AS_FAST_AS_POSSIBLE, policy=ReconnectPolicy(), stop=threading.Event()
+    )
+    try:
+        # then every one decodes on the threads decode_threads gives six cameras here
+        assert len(readers) == 6
+        assert [r.threads for r in readers] == [decode_threads(6)] * 6  # type: ignore[attr-defined]
     finally:
         for r in readers:
             r.close()

@@ -160,7 +160,7 @@ def _axes(params: FusionParams, xy: Place) -> tuple[float, float, float, float]:
     of the ego origin, so one line of sight from there serves all of them); at the origin
     itself no direction, and a round gate."""
     r = math.hypot(xy[0], xy[1])
-    along = params.gate_m + params.gate_per_m * r
+    along = _gate(params, xy)
     if r < 1e-6:
         return along, along, 1.0, 0.0
     return along, min(along, params.lateral_m + params.lateral_per_m * r), xy[0] / r, xy[1] / r
