@@ -187,6 +187,61 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert exited.value.code == 0 and "examples:" in capsys.readouterr().out
 
 
+# what the handlers run on, never what a help text or a usage error needs
+HEAVY = ("torch", "torchvision", "onnxruntime", "onnx", "cv2", "numpy", "matplotlib", "scipy")
+_ANSWER = """
+import sys, time
+t0 = time.perf_counter()
+import drivepercept.cli
+imported_s = time.perf_counter() - t0
+try:
+    drivepercept.cli.main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print("RESULT", code, round(imported_s * 1000, 1), *sorted(set(HEAVY) & set(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["replay", "--help"], ["replay", "--no-such-flag"], ["bench", "--mode", "x"]],
+    ids=["help", "replay-help", "unknown-flag", "bad-choice"],
+)
+def test_help_and_usage_errors_load_no_model_runtime(argv: list[str]) -> None:
+    # given a fresh interpreter (nothing imported yet)
+    # when it imports the command line and answers --help or a usage error
+    code = f"HEAVY = {HEAVY!r}\n{_ANSWER}"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # then it answers (0 for help, 2 for a usage error) without loading any of them
+    result = proc.stdout.strip().splitlines()[-1].split()
+    assert result[0] == "RESULT", proc.stdout + proc.stderr
+    assert result[1] == ("0" if "--help" in argv else "2")
+    assert result[3:] == [], f"{argv} loaded {result[3:]}"
+    print(f"{' '.join(argv)}: drivepercept.cli imported in {result[2]} ms")
+
+
+def test_import_of_the_cli_shows_no_model_runtime() -> None:
+    # given python -X importtime, which lists every module an import loads
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import drivepercept.cli"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    loaded = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    # then the CLI module's import tree holds none of the heavy packages
+    assert "drivepercept.cli.parser" in loaded, proc.stderr[-2000:]
+    assert not {name.split(".")[0] for name in loaded} & set(HEAVY)
+    assert "drivepercept.cli.commands" not in loaded  # the handlers: once a command runs
+
+
 def _snapshot(name: str, fps: float, p95_ms: float) -> CameraSnapshot:
     reader = ReaderStatus(CameraState.STREAMING)
     return CameraSnapshot(name, CameraState.STREAMING, 10, 0, fps, p95_ms, 10, 0, 0, reader)

@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from drivepercept import __version__
 from drivepercept.bench.grid import SweepGrid
+from drivepercept.choices import BENCH_MODES as BENCH_MODES
 from drivepercept.errors import ConfigError, OutputError
 from drivepercept.geometry import check_fps, parse_size
 
 if TYPE_CHECKING:  # the jobs load torch and OpenCV: imported when a benchmark runs
     from drivepercept.run.options import RunOptions
 
-BENCH_MODES = ("default", "ceiling", "pipeline", "naive", "live", "capacity", "sweep")
 SIMULATED = "simulated"  # a placeholder source: capacity and the sweep render their cameras
 JSON_SCHEMA_VERSION = 1
 DEFAULT_SIZE = "640x360"

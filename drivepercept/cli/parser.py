@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from drivepercept import __version__
-from drivepercept.bench import BENCH_MODES
-from drivepercept.run.options import DEFAULT_MODEL
-from drivepercept.run.quantize import FORMATS as QUANT_FORMATS
+from drivepercept.choices import BENCH_MODES, DEFAULT_MODEL, QUANT_FORMATS
 
 EXIT_USAGE = 2
 

@@ -9,19 +9,19 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from drivepercept.choices import DEFAULT_MODEL as DEFAULT_MODEL
 from drivepercept.config import SETTING_KINDS, PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
 from drivepercept.geometry import parse_input_size
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml, rig_model
-from drivepercept.sinks.rerun import RerunTarget
 from drivepercept.types import CLASS_CHOICES, RUNTIMES, Pacing
 
-# The real-road default: a pretrained COCO detector (its official weights are downloaded once).
-# A synthetic rig's rig.toml names the model trained on it instead (drivepercept-tiny).
-DEFAULT_MODEL = "yolox-nano"
+if TYPE_CHECKING:  # the sink loads OpenCV: options (and `drivepercept --help`) do not need it
+    from drivepercept.sinks.rerun import RerunTarget
+
 _PIPELINE_FIELDS = dataclasses.fields(PipelineConfig)
 PIPELINE_KEYS = frozenset(f.name for f in _PIPELINE_FIELDS)
 # the other keys of a settings file (and of the CLI flags that mean the same)
@@ -355,6 +355,10 @@ def rerun_target(
     given = [flag for flag, value in (*flags, ("--rerun-serve", serve)) if value]
     if len(given) > 1:
         raise ConfigError(f"give one of the --rerun flags, got {' and '.join(given)}")
+    if not given:
+        return None
+    from drivepercept.sinks.rerun import RerunTarget  # OpenCV: loaded only when asked for
+
     if serve:
         return RerunTarget(kind="serve")
     if connect:

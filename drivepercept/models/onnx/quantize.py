@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from drivepercept.choices import QUANT_FORMATS
 from drivepercept.errors import ModelError
 from drivepercept.models.base import Detector
 from drivepercept.models.onnx import build
@@ -59,7 +60,7 @@ QUANTIZED_OPS = frozenset(
 PRODUCTS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 MIN_OPSET = 13  # per-channel weight scales (DequantizeLinear's axis)
 # the INT8 graph's form -> ORT's QuantFormat name (the default first)
-FORMATS = {"qdq": "QDQ", "qoperator": "QOperator"}
+FORMATS = QUANT_FORMATS  # the choices and ONNX Runtime's name of each (drivepercept.choices)
 
 FloatBatch = np.ndarray[Any, np.dtype[np.float32]]
 
