@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import children
 import cv2
 import pytest
 
@@ -292,15 +293,11 @@ def test_a_reader_whose_frames_change_size_gets_boxes_in_each_frames_own_pixels(
 @pytest.mark.integration
 def test_repeated_ctrl_c_is_still_an_interruption_and_leaves_whole_files(tmp_path: Path) -> None:
     import signal
-    import subprocess
-    import sys
 
     # given a replay of the sample rig, its frames flowing
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "drivepercept", "replay", str(SAMPLE / "rig.toml"),
-         "--out", str(tmp_path), "--name", "r", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = children.cli(
+        "replay", str(SAMPLE / "rig.toml"), "--out", str(tmp_path), "--name", "r", "--no-progress"
+    )
     detections = tmp_path / "r" / "detections.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import children
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -175,13 +176,7 @@ def test_a_killed_worker_has_its_drive_retried(
 
 def _cli(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "drivepercept", "fleet", "--no-progress", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return children.cli("fleet", "--no-progress", *args, env=env)
 
 
 def test_ctrl_c_then_resume_runs_only_the_unfinished(

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import children
 import cv2
 import numpy as np
 import pytest
@@ -513,26 +514,18 @@ def test_bad_replay_input_is_one_clear_line(
 
 def test_ctrl_c_stops_quickly_and_leaves_valid_outputs(tmp_path: Path) -> None:
     # given a replay long enough to interrupt (the full sample rig with a real model)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "drivepercept",
-            "replay",
-            str(SAMPLE_RIG),
-            "--model",
-            "ssdlite320_mobilenet_v3_large",
-            "--weights",
-            "none",
-            "--out",
-            str(tmp_path),
-            "--name",
-            "i",
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = children.cli(
+        "replay",
+        str(SAMPLE_RIG),
+        "--model",
+        "ssdlite320_mobilenet_v3_large",
+        "--weights",
+        "none",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "i",
+        "--no-progress",
     )
     run = tmp_path / "i"
     deadline = time.monotonic() + 120
@@ -546,9 +539,10 @@ def test_ctrl_c_stops_quickly_and_leaves_valid_outputs(tmp_path: Path) -> None:
     t0 = time.monotonic()
     _, err = proc.communicate(timeout=30)
     stop_s = time.monotonic() - t0
-    # then it stops within 2 s (plus interpreter exit), says so, and every file is valid
+    # then it stops within 2 s (and a busy host's margin), says so, and every file is valid
+    print(f"SIGINT: exit {proc.returncode} after {stop_s:.2f} s")
     assert proc.returncode == 130, err
-    assert stop_s < 3.0
+    assert stop_s < children.STOP_S + children.BUSY_HOST_MARGIN_S
     assert "Traceback" not in err
     lines = _lines(run)
     assert 0 < len(lines) < 720

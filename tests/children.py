@@ -1,0 +1,40 @@
+"""The command line as a child process that a test stops with a signal, as a user would.
+
+Ctrl-C reaches a program as SIGINT. A suite started as a background job of a non-interactive
+shell (`pytest ... &` in a script, some CI runners) inherits SIGINT *ignored*, and so would
+every child it starts: Python then installs no KeyboardInterrupt handler and the signal does
+nothing, so a Ctrl-C test would fail for the wrong reason. `cli` gives the child SIGINT's
+default disposition before it executes, as a terminal's foreground job has it, so the test
+checks the program, not how the suite was launched. (The program itself leaves an ignored
+SIGINT alone: a background job is meant not to see Ctrl-C.)
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from typing import Any
+
+# How long a run may take to stop after SIGINT or SIGTERM, measured from the signal to the
+# process's exit: the program's own promise (docs/REPLAY.md: within 2 s) and a margin
+# for a busy 2-core host, where the interpreter's exit and the last report can wait behind
+# other processes (a run of the whole suite beside a benchmark).
+STOP_S = 2.0
+BUSY_HOST_MARGIN_S = 3.0
+
+
+def _sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def cli(*args: str, **popen: Any) -> subprocess.Popen[str]:
+    """`python -m drivepercept ARGS` started with SIGINT at its default (see the module's
+    docstring); its stdout and stderr piped as text unless `popen` says otherwise."""
+    options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    options.update(popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "drivepercept", *args],
+        preexec_fn=_sigint_as_in_a_terminal,  # sets one disposition: takes no lock after fork
+        **options,
+    )
