@@ -1,13 +1,54 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the suite's checks of where it runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import cv2
 import pytest
+
+# the checkout these tests belong to: the package they test is its drivepercept/
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _origin(where: str | None) -> str:
+    """Where `import drivepercept` finds the package: in this process (`where` None), or in a
+    fresh interpreter started in the folder `where`, as the suite's subprocesses start
+    (`python -m drivepercept ...`, whose cwd is often a test's tmp_path)."""
+    if where is None:
+        spec = importlib.util.find_spec("drivepercept")
+        return str(Path(spec.origin).parent) if spec and spec.origin else "nowhere"
+    probe = "import importlib.util as u; s = u.find_spec('drivepercept'); print(s and s.origin)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=where, capture_output=True, text=True, timeout=60
+    ).stdout.strip()
+    return str(Path(out).parent) if out not in ("", "None") else "nowhere"
+
+
+def _refuse_another_checkout() -> None:
+    """Stops the run at once, in one line, when `drivepercept` is not this checkout's package:
+    a venv whose editable install points at another clone makes a green run of the wrong
+    code (it happened three sessions running). Both the suite's own import and that of its
+    subprocesses (a fresh interpreter outside the checkout) are checked."""
+    expected = str(CHECKOUT / "drivepercept")
+    for who, where in (("this process", None), ("a subprocess", tempfile.gettempdir())):
+        found = _origin(where)
+        if found != expected:
+            pytest.exit(
+                f"tests of {CHECKOUT} would test the drivepercept of {found} ({who}'s import), "
+                f"not {expected}: run `python3 -m pip install -e '.[dev]'` in {CHECKOUT}",
+                returncode=4,
+            )
+
+
+_refuse_another_checkout()  # before anything below imports drivepercept
+
+import cv2
 import thirdparty
 from standins import (
     REAL_NAMES,
