@@ -14,7 +14,8 @@ import pytest
 from drivepercept.errors import ConfigError
 from drivepercept.geometry import Extrinsics, Intrinsics, ground_points
 from drivepercept.rig import CameraConfig, load_rig
-from drivepercept.tracking.fusion import FusionParams, Observation, RigFusion
+from drivepercept.tracking.fusion import FusionParams, RigFusion
+from drivepercept.tracking.places import Observation
 
 RIG = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
 
@@ -309,7 +310,7 @@ def test_fusion_settings_out_of_range_are_refused() -> None:
     bad_ones = ({"swap_gain": 1.5}, {"swap_steps": 0}, {"merge_steps": True}, {"gate_m": 0})
     for bad in (*bad_ones, {"lateral_m": 0.0}, {"lateral_per_m": -0.1}):
         with pytest.raises(ConfigError):
-            FusionParams(**bad)  # type: ignore[arg-type]
+            FusionParams(**bad)
 
 
 def test_the_elliptic_gate_is_long_along_the_line_of_sight_and_one_rule_for_one_or_many() -> None:

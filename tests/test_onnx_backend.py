@@ -127,12 +127,13 @@ def test_lanes_of_one_thread_keep_whole_batches_where_outputs_vary_in_size(
         str(_export(_End2EndLike(), tmp_path / "k.onnx", end2end=True, counted=True))
     )
     x = torch.zeros(3, 3, 64, 96)
-    whole = counted.module(x)
+    module: Any = counted.module
+    whole = module(x)
     # when it is set to run in two lanes of one thread
-    assert counted.module.use_lanes(2, 1)
+    assert module.use_lanes(2, 1)
     # then it keeps running whole batches, with the same results, and says so
-    assert not counted.module.per_image and not counted.module.describe()["per_image"]
-    for got, want in zip(counted.module(x), whole, strict=True):
+    assert not module.per_image and not module.describe()["per_image"]
+    for got, want in zip(module(x), whole, strict=True):
         assert torch.equal(got["boxes"], want["boxes"])
         assert torch.equal(got["labels"], want["labels"])
 

@@ -85,6 +85,7 @@ def test_a_chain_is_fused_and_a_block_whose_forward_differs_is_not() -> None:
     assert (result.total, result.packed, result.kept) == (4, 4, ())
     assert result.fused == 3  # block 0, the 1x1 with its norm and leaky ReLU, the grouped one
     packed = result.model
+    assert isinstance(packed, nn.Sequential)
     assert isinstance(packed[0].act, nn.Identity) and isinstance(packed[0].bn, nn.Identity)
     # block 1 adds its input: its norm and activation stay where they are, and the shared
     # SiLU is not taken away from it because block 0's was fused

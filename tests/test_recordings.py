@@ -24,6 +24,7 @@ pytest.importorskip("rosbags")
 from drivepercept.recording import messages as msgs
 from drivepercept.recording.mcapfile import McapOut
 from drivepercept.sources import rosimage
+from drivepercept.sources.readers import CorruptFrameError
 from drivepercept.sources.recordings import (
     RecordingReader,
     camera_name,
@@ -302,7 +303,7 @@ def test_bayer_rggb8_follows_ros_naming(colour: tuple[int, int, int]) -> None:
 def test_an_unsupported_encoding_and_a_short_image_are_named() -> None:
     with pytest.raises(rosimage.UnsupportedEncodingError, match=r"'mono16'.*supported: bgr8"):
         rosimage.raw_to_bgr(b"\0" * 32, width=4, height=4, step=8, encoding="mono16")
-    with pytest.raises(rosimage.CorruptFrameError, match="needs 4 rows of 12 bytes"):
+    with pytest.raises(CorruptFrameError, match="needs 4 rows of 12 bytes"):
         rosimage.raw_to_bgr(b"\0" * 20, width=4, height=4, step=12, encoding="bgr8")
 
 
@@ -350,10 +351,10 @@ def test_realtime_replay_follows_irregular_stamps(
         for c, r in zip(cams, readers, strict=True)
     ]
     started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
     took = time.monotonic() - started
     # then every frame fell due at its stamp on one clock for both cameras (to the ns: the
     # due times are computed), and came when due (within scheduling slack)
@@ -489,4 +490,4 @@ def _rewrite_message(src: Path, dst: Path, *, index: int) -> None:
         for k, (_, channel, message) in enumerate(reader.iter_messages()):
             data = b"\x00\x01\x00\x00garb" if k == index else message.data
             writer.add_message(chans[channel.id], message.log_time, data, message.publish_time)
-        writer.finish()
+        writer.finish()  # type: ignore[no-untyped-call]

@@ -220,7 +220,7 @@ def test_a_saved_recording_holds_every_cameras_images_and_boxes(
             assert row["EncodedImage:media_type"] == ["image/jpeg"]
             jpeg = np.frombuffer(bytes(row["EncodedImage:blob"][0]), np.uint8)
             decoded = cv2.imdecode(jpeg, cv2.IMREAD_COLOR)
-            assert decoded.shape == (H, W, 3)
+            assert decoded is not None and decoded.shape == (H, W, 3)
             mean = decoded.reshape(-1, 3).mean(axis=0)
             assert np.abs(mean - np.array(COLOURS[camera])).max() < 8
         for row in boxes:
@@ -641,7 +641,7 @@ class Chromium:
         data = base64.b64decode(self.send("Page.captureScreenshot", {"format": "png"})["data"])
         image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         assert image is not None
-        return image
+        return np.asarray(image, np.uint8)
 
     def close(self) -> None:
         for fd in (self._out, self._in):

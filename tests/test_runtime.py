@@ -573,10 +573,11 @@ def test_ort_runs_in_lanes_of_one_thread_with_the_boxes_of_one_session(tmp_path:
     # then the lanes' sessions run on one thread each, an image at a time, the record says
     # so, and the boxes are the single session's (a batch of four in one run)
     module: Any = lanes_ort.module
+    single: Any = one_ort.module
     assert two.lanes.count == 2 and module.lanes == 2 and module.threads == 1
     assert module._sessions["cpu"].get_session_options().intra_op_num_threads == 1
-    assert module.describe()["lanes"] == 2 and one_ort.module.describe()["lanes"] == 1
-    assert module.describe()["per_image"] and not one_ort.module.describe()["per_image"]
+    assert module.describe()["lanes"] == 2 and single.describe()["lanes"] == 1
+    assert module.describe()["per_image"] and not single.describe()["per_image"]
     assert torch.equal(got_n, want_n) and int(want_n.sum()) > 0
     assert torch.allclose(got, want, atol=1e-3)
     # and a second laned step keeps the sessions it has (nothing opened again)

@@ -180,4 +180,5 @@ def test_the_stage_changes_only_the_tracking_fields() -> None:
                 np.array_equal(before, after) if isinstance(before, np.ndarray) else before == after
             )
         assert out.detections.track_ids is not None and out.detections.velocities is not None
-    assert out.detections.track_ids.tolist() == [1]  # the same object, one track
+    ids = out.detections.track_ids
+    assert ids is not None and ids.tolist() == [1]  # the same object, one track
