@@ -275,7 +275,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 
 def test_config_file_then_flags_merge_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from drivepercept.cli import merged_settings
+    from drivepercept.cli.commands import merged_settings
 
     for name in ("DRIVEPERCEPT_ONNX_CACHE", "XDG_CACHE_HOME"):  # an environment that sets none
         monkeypatch.delenv(name, raising=False)
@@ -296,7 +296,7 @@ def test_config_file_then_flags_merge_once(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_a_config_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
-    from drivepercept.cli import merged_settings
+    from drivepercept.cli.commands import merged_settings
 
     config = tmp_path / "bad.toml"
     config.write_text("scor_threshold = 0.4\n")

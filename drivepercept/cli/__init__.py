@@ -7,29 +7,21 @@ are for bugs (run with `--debug` to see them for any error).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import NoReturn
 
 from drivepercept.cli.parser import build_parser
 from drivepercept.errors import DrivePerceptError, StageError, one_line, redacting_handler
 
-if TYPE_CHECKING:
-    from drivepercept.cli.commands import merged_settings as merged_settings
-
-__all__ = ["main", "merged_settings", "run"]
+__all__ = ["main", "run"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `drivepercept` console script and `python -m drivepercept`.
-
-    The arguments are parsed before the handlers are imported: `--help`, `--version` and a
-    usage error answer without loading what the commands run on (the jobs, the report and
-    what they load: torch, OpenCV, ONNX Runtime); tests/test_cli.py holds it to that.
-    """
+    """Entry point of the `drivepercept` console script and `python -m drivepercept`. The
+    handlers load after parsing: --help and usage errors load no torch, OpenCV or ORT."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     from drivepercept.cli import commands  # the jobs: only once there is a command to run
     from drivepercept.run.console import quiet_opencv
@@ -68,11 +60,3 @@ def run() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def __getattr__(name: str) -> Any:
-    """`merged_settings` (the one place a config file and flags meet), imported from the
-    handlers on first use, as `main` imports them."""
-    if name == "merged_settings":
-        return importlib.import_module("drivepercept.cli.commands").merged_settings
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

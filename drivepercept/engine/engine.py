@@ -151,10 +151,7 @@ class InferenceEngine:
         return self._complete
 
     def start(self) -> None:
-        # torch's count is per thread, and a thread takes, when it first runs torch, the count
-        # last set by any thread: set here, the engine's threads (started below) run on the
-        # configured count, else on that of the thread starting the run, whatever a lane or an
-        # earlier run set last (tests/test_lanes.py held to it in any order)
+        # new threads take the count any thread set last: the engine's take this one's (or set)
         torch.set_num_threads(self.config.torch_threads or torch.get_num_threads())
         self._submit.start()
         self._complete.start()
