@@ -153,7 +153,12 @@ class Accounting:
 
 @dataclass(frozen=True)
 class ThreadCheck:
-    """Thread counts around the run: Python threads by name, and the OS's count."""
+    """Thread counts around the run: Python threads by name, and the OS's threads by id.
+
+    A native leak is a thread the run started that is still alive after it (`new_os`), not a
+    lower count: the served cameras' FFmpeg decoder threads, in the baseline, end for good
+    once their clip's first pass is kept (18 of them with 6 cameras on 2 cores), so the
+    count after a clean run is below the one before."""
 
     before_names: tuple[str, ...]
     after_names: tuple[str, ...]
@@ -161,6 +166,7 @@ class ThreadCheck:
     after_os: int
     during_max_py: int
     during_max_os: int
+    new_os: int = 0  # OS threads alive after the run (in every reading) that were not before
 
     @property
     def leaked(self) -> list[str]:
@@ -176,7 +182,7 @@ class ThreadCheck:
 
     @property
     def passed(self) -> bool:
-        return not self.leaked and not self.gone and self.after_os == self.before_os
+        return not self.leaked and not self.gone and self.new_os == 0
 
 
 def criteria(
@@ -209,9 +215,9 @@ def criteria(
         ),
         Criterion(
             "no thread leak (os)",
-            f"before {threads.before_os}, after {threads.after_os}",
-            "after == before",
-            threads.after_os == threads.before_os,
+            f"before {threads.before_os}, after {threads.after_os}, new {threads.new_os}",
+            "new == 0",
+            threads.new_os == 0,
         ),
         Criterion(
             "rss growth after warm-up",

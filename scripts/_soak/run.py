@@ -25,6 +25,7 @@ from _soak.report import Outcome
 from _soak.sampling import (
     MB,
     Sampler,
+    _os_thread_ids,
     _os_threads,
     _python_threads,
     _wait_clients_gone,
@@ -45,14 +46,22 @@ log = logging.getLogger("soak")
 
 
 def _prime(detector: Detector) -> None:
-    """One batch through the model before the thread baseline, so that torch's intra-op pool
-    (native threads that live as long as the process, by design) is in it whichever torch
-    build creates it lazily. (This torch makes it when the model is loaded.)"""
+    """One batch through the model, one frame through OpenCV's resize and one setting of
+    torch's thread count before the thread baseline, so that the process-wide pools that
+    live as long as the process, by design, are in it whichever build makes them lazily:
+    torch's intra-op pool (this torch: at the model's load), OpenCV's parallel_for pool (at
+    its first parallel call, the decoder threads' letterbox) and torch's pthreadpool (at the
+    first `torch.set_num_threads`, which the engine and its lanes make); one thread each on
+    2 cores."""
+    import cv2
+    import numpy as np
     import torch
 
+    torch.set_num_threads(torch.get_num_threads())
     width, height = detector.input.size
     with torch.inference_mode():
         detector.module(torch.zeros((1, 3, height, width)))
+    cv2.resize(np.zeros((720, 1280, 3), np.uint8), (width, height), interpolation=cv2.INTER_AREA)
 
 
 def _weights(given: str | None) -> tuple[str, str]:
@@ -97,6 +106,7 @@ def soak(args: argparse.Namespace) -> Outcome:
         detector = load_model(options)
         _prime(detector)
         before_names, before_os = _python_threads(), _os_threads(process)
+        before_ids = _os_thread_ids(process, every=False)
         sampler = Sampler(server, every_s=args.sample_s)
         sampler.start()
         try:
@@ -106,6 +116,7 @@ def soak(args: argparse.Namespace) -> Outcome:
             sampler.stop()
         clients_gone = _wait_clients_gone(server, names)
         after_names, after_os = _python_threads(), _os_threads(process)
+        after_ids = _os_thread_ids(process, every=True)
         served = {n: server.frames_sent(n) for n in names}
         skipped = {n: server.frames_skipped(n) for n in names}
         published = {n: server.frames_published(n) for n in names}
@@ -136,6 +147,7 @@ def soak(args: argparse.Namespace) -> Outcome:
         after_os=after_os,
         during_max_py=max([s.py_threads for s in during] or [0]),
         during_max_os=max([s.os_threads for s in during] or [0]),
+        new_os=len(after_ids - before_ids),
     )
     capture, e2e = read_latencies(result.run_dir)
     latency = latency_windows(capture, e2e, window_s=args.window_s)

@@ -165,6 +165,20 @@ def _os_threads(process: psutil.Process, *, readings: int = 10, every_s: float =
     return collections.Counter(counts).most_common(1)[0][0]
 
 
+def _os_thread_ids(
+    process: psutil.Process, *, every: bool, readings: int = 10, every_s: float = 0.1
+) -> frozenset[int]:
+    """The ids of the process's OS threads over a few readings: those in `every` reading
+    (the threads that stay), else those in any (the baseline, so that a decoder thread that
+    came and went then is not taken for new later)."""
+    seen: list[set[int]] = []
+    for k in range(readings):
+        if k:
+            time.sleep(every_s)
+        seen.append({t.id for t in process.threads()})
+    return frozenset(set.intersection(*seen) if every else set.union(*seen))
+
+
 def _wait_clients_gone(server: CameraServer, names: Sequence[str]) -> bool:
     """Wait for the server's client handlers to notice our client left (they do at their
     next write, within a frame period); False if some are still there after CLIENTS_GONE_S."""
