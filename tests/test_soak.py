@@ -162,7 +162,7 @@ def test_criteria_fail_on_each_measurement_alone() -> None:
     bad: dict[str, Any] = {
         "run_status": "interrupted",
         "threads_not_stopped": ["batcher"],
-        "threads": measure.ThreadCheck(("MainThread",), ("MainThread", "x"), 9, 10, 20, 40),
+        "threads": measure.ThreadCheck(("MainThread",), ("MainThread", "x"), 9, 10, 20, 40, 1),
         "rss": measure.RssGrowth(60.0, 900.0, 950.0, 950.0),
         "latency": measure.LatencyWindows(60.0, 400.0, 481.0, 900, 900),
         "accounting": [_account(read=8000, dropped=5300)],
