@@ -26,6 +26,7 @@ from rerun.chunk import RrdReader  # noqa: E402
 
 from drivepercept.errors import ConfigError, OutputError  # noqa: E402
 from drivepercept.sinks import ImageSink, LoadSink  # noqa: E402
+from drivepercept.sinks import rerun as rerun_sink  # noqa: E402
 from drivepercept.sinks.fanout import SinkPolicy, SinkSet  # noqa: E402
 from drivepercept.sinks.rerun import RerunSink, RerunTarget, camera_path  # noqa: E402
 from drivepercept.types import (  # noqa: E402
@@ -357,7 +358,7 @@ def test_close_twice_is_fine_and_later_writes_are_dropped(
     assert len(recording.entity(f"{camera_path('front')}/image")) == 1
 
 
-@pytest.mark.slow  # 11 s
+@pytest.mark.slow  # 6-17 s
 def test_close_while_the_sampler_writes_finishes(
     tmp_path: Path, saved: Callable[..., RerunSink]
 ) -> None:
@@ -373,14 +374,18 @@ def test_close_while_the_sampler_writes_finishes(
     time.sleep(0.2)
     started = time.monotonic()
     sink.close()
-    assert time.monotonic() - started < 15
+    took = time.monotonic() - started
+    # then close returned within its own bound (6 s alone, 17 s in a busy suite: the flush of
+    # what the writer queued), nothing is written after it, and nothing before it was lost
+    print(f"close while the sampler writes: {took:.1f} s")
+    assert took < rerun_sink.CLOSE_TIMEOUT_S + 5.0
     written = sink.load_samples_written
     time.sleep(0.1)
     assert sink.load_samples_written == written  # nothing after close
     stop.set()
     thread.join(timeout=5)
     assert not thread.is_alive()
-    assert Recording(tmp_path / "run.rrd").entity("load/cpu/process_pct")
+    assert len(Recording(tmp_path / "run.rrd").entity("load/cpu/process_pct")) == written
 
 
 # --- what a user can get wrong ----------------------------------------------------------------
