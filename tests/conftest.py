@@ -39,11 +39,14 @@ def _refuse_another_checkout() -> None:
     for who, where in (("this process", None), ("a subprocess", tempfile.gettempdir())):
         found = _origin(where)
         if found != expected:
-            pytest.exit(
-                f"tests of {CHECKOUT} would test the drivepercept of {found} ({who}'s import), "
-                f"not {expected}: run `python3 -m pip install -e '.[dev]'` in {CHECKOUT}",
-                returncode=4,
+            # one line and out: pytest.exit here would come wrapped in a conftest traceback
+            print(
+                f"error: tests of {CHECKOUT} would test the drivepercept of {found} ({who}'s "
+                f"import), not {expected}: run `python3 -m pip install -e '.[dev]'` in "
+                f"{CHECKOUT}",
+                file=sys.stderr,
             )
+            raise SystemExit(4)
 
 
 _refuse_another_checkout()  # before anything below imports drivepercept
