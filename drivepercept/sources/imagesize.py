@@ -1,50 +1,166 @@
-"""An image's size from its file header, read without decoding: a picture too large to
-decode is refused before it takes memory (a camera's JPEG part, an image folder's entry)."""
+"""An encoded image's size from its header, read without decoding, and the one limit every
+camera frame is held to before it is decoded, whatever brought it (a recorded message, an
+image folder's file, a live camera's JPEG part).
+
+A picture too large to decode is refused before it takes memory: a 629-byte JPEG may declare
+30000x30000 pixels, which OpenCV would decode into 2.7 GB. The headers are read as the
+decoders read them, so that a file the decoder would take is never missed: libjpeg skips junk
+bytes and fill bytes between segments (with a warning) and still decodes the picture, and so
+does `jpeg_size`. What cannot be measured from its header (another format, a damaged header)
+is refused, not decoded: `frame_refusal` says why.
+
+Formats read: JPEG (SOF0-3, SOF9-11), PNG (IHDR), BMP (BITMAPINFOHEADER and later), WebP
+(VP8, VP8L, VP8X): the ones a camera or an image folder holds. OpenCV picks its decoder by
+the bytes, not the name, so the format is told by the bytes here too.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from drivepercept.geometry import MAX_SIZE_PX
 
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's frame header (SOFn), read without decoding; None when
-    the data is not a JPEG or holds no frame header."""
-    if data[:2] != b"\xff\xd8":
+# a camera frame's largest side, decoded: the rig's limit (drivepercept.geometry)
+MAX_SIDE_PX = MAX_SIZE_PX
+# a frame's largest size in bytes, encoded or raw: the largest frame at 4 bytes a pixel
+# (bgra8). No camera's JPEG or PNG comes near it; a raw Image of the largest size fits.
+MAX_FRAME_BYTES = MAX_SIDE_PX * MAX_SIDE_PX * 4
+
+FORMATS = "JPEG, PNG, BMP or WebP"
+
+# libjpeg's frame headers it decodes (jdmarker.c): baseline, extended, progressive, lossless,
+# and their arithmetic forms; SOF5-7, 13-15 and JPG are refused by it
+_SOF_DECODED = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC9, 0xCA, 0xCB})
+_SOF_REFUSED = frozenset({0xC5, 0xC6, 0xC7, 0xC8, 0xCD, 0xCE, 0xCF})
+# segments libjpeg skips by their length: DHT, DAC, DQT, DNL, DRI, APP0-15, COM
+_SKIPPED = frozenset({0xC4, 0xCC, 0xDB, 0xDC, 0xDD, 0xFE, *range(0xE0, 0xF0)})
+# markers without a length: RST0-7, TEM
+_BARE = frozenset({0x01, *range(0xD0, 0xD8)})
+
+
+def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header (SOFn), found as libjpeg finds it: SOI
+    first, then markers, each after any junk and 0xFF fill bytes (a stuffed `FF 00` is
+    junk too). None when libjpeg would not decode it: no SOI, an SOS or EOI before the frame
+    header, an unsupported or unknown marker, a cut segment, or a height of 0 (set later by
+    a DNL marker: the size is not in the header)."""
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return None
     i = 2
-    while i + 4 <= len(data):
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
+    while i < n:
+        # next_marker: skip to an 0xFF, then past fill bytes; FF 00 is data, not a marker
+        while i < n and data[i] != 0xFF:
             i += 1
+        while i < n and data[i] == 0xFF:
+            i += 1
+        if i >= n:
+            return None
+        marker = data[i]
+        i += 1
+        if marker == 0x00 or marker in _BARE:
             continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
-            i += 2
-            continue
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            if i + 9 > len(data):
+        if marker in _SOF_DECODED:
+            if i + 7 > n:
                 return None
-            height = int.from_bytes(data[i + 5 : i + 7], "big")
-            width = int.from_bytes(data[i + 7 : i + 9], "big")
-            return width, height
-        length = int.from_bytes(data[i + 2 : i + 4], "big")
+            height = int.from_bytes(data[i + 3 : i + 5], "big")
+            width = int.from_bytes(data[i + 5 : i + 7], "big")
+            return (width, height) if width and height else None
+        if marker not in _SKIPPED or i + 2 > n:  # SOS/EOI first, SOI again, SOF5-7..., others
+            return None
+        length = int.from_bytes(data[i : i + 2], "big")
         if length < 2:
             return None
-        i += 2 + length
+        i += length
     return None
+
+
+def png_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) from a PNG's IHDR, which must be its first chunk."""
+    if bytes(data[:8]) != b"\x89PNG\r\n\x1a\n" or bytes(data[8:16]) != b"\x00\x00\x00\x0dIHDR":
+        return None
+    if len(data) < 24:
+        return None
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def bmp_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) from a BMP's info header (40 bytes or more; height negative for a
+    top-down picture)."""
+    if bytes(data[:2]) != b"BM" or len(data) < 26:
+        return None
+    if int.from_bytes(data[14:18], "little") < 40:  # the 12-byte OS/2 header: not read
+        return None
+    width = int.from_bytes(data[18:22], "little", signed=True)
+    height = int.from_bytes(data[22:26], "little", signed=True)
+    return (width, abs(height)) if width > 0 and height else None
+
+
+def webp_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) from a WebP's first chunk: VP8 (lossy), VP8L (lossless) or VP8X
+    (extended: the canvas)."""
+    if len(data) < 30 or bytes(data[:4]) != b"RIFF" or bytes(data[8:12]) != b"WEBP":
+        return None
+    kind = bytes(data[12:16])
+    if kind == b"VP8 " and bytes(data[23:26]) == b"\x9d\x01\x2a":
+        width = int.from_bytes(data[26:28], "little") & 0x3FFF
+        height = int.from_bytes(data[28:30], "little") & 0x3FFF
+    elif kind == b"VP8L" and data[20] == 0x2F:
+        bits = int.from_bytes(data[21:25], "little")
+        width, height = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    elif kind == b"VP8X":
+        width = int.from_bytes(data[24:27], "little") + 1
+        height = int.from_bytes(data[27:30], "little") + 1
+    else:
+        return None
+    return (width, height) if width and height else None
+
+
+def encoded_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) of an encoded picture from its header, its format told by its bytes
+    (as OpenCV tells it); None when the format is none of `FORMATS` or the header does not
+    say."""
+    for size in (jpeg_size, png_size, bmp_size, webp_size):
+        found = size(data)
+        if found is not None:
+            return found
+    return None
+
+
+def size_refusal(width: int, height: int) -> str | None:
+    """Why a frame of `width` x `height` pixels is refused (None: it is not)."""
+    if width <= 0 or height <= 0:
+        return f"a {width}x{height} picture"
+    if max(width, height) > MAX_SIDE_PX:
+        return (
+            f"{width}x{height} pixels, larger than the {MAX_SIDE_PX}x{MAX_SIDE_PX} a camera "
+            "frame may be"
+        )
+    return None
+
+
+def frame_refusal(data: bytes | memoryview) -> str | None:
+    """Why an encoded frame is refused before decoding (None: decode it): more bytes than
+    any frame (`MAX_FRAME_BYTES`), a size its header does not say, or a size over the
+    limit."""
+    if len(data) > MAX_FRAME_BYTES:
+        return f"{len(data)} bytes, more than the {MAX_FRAME_BYTES} a frame may be"
+    size = encoded_size(data)
+    if size is None:
+        return f"its size cannot be read from its header (not a {FORMATS}, or damaged)"
+    return size_refusal(*size)
 
 
 def header_size(path: Path) -> tuple[int, int] | None:
-    """(width, height) from a PNG's or JPEG's header, read without decoding; None for other
-    formats or a header that does not say."""
+    """(width, height) from an image file's header, read without decoding: its first MiB,
+    else (segments before a JPEG's frame header) up to `MAX_FRAME_BYTES`; None for other
+    formats, a header that does not say, and a file that cannot be read."""
     try:
         with path.open("rb") as f:
-            head = f.read(24)
-            if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
-                return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-            if head[:2] == b"\xff\xd8":
-                return jpeg_size(head + f.read(1 << 20))
+            head = f.read(1 << 20)
+            size = encoded_size(head)
+            if size is None and len(head) == 1 << 20:
+                size = encoded_size(head + f.read(MAX_FRAME_BYTES - len(head)))
+            return size
     except OSError:
         return None
-    return None
