@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 
 # scheme://USERINFO@host: the userinfo runs to the authority's last "@" (a password may hold
 # "@", ":" or anything but the path, query and fragment delimiters)
@@ -96,3 +98,41 @@ def one_line(text: str, *, limit: int = 400) -> str:
     `limit` characters (for error lines)."""
     flat = printable(" ".join(str(text).split()))
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class RepeatedWarning:
+    """One warning that may repeat for every frame (a damaged message, a refused frame):
+    logged for its first `first` occurrences, then once every `every_s` seconds with how many
+    were not logged since, so a camera of bad frames costs a few lines, not one a frame.
+    Thread-safe: the decoder threads of several cameras may share one. `close()` logs what
+    is still unsaid (call it when the source ends)."""
+
+    def __init__(self, logger: logging.Logger, *, first: int = 3, every_s: float = 10.0) -> None:
+        self._log, self._first, self._every_s = logger, first, every_s
+        self._lock = threading.Lock()
+        self.count = 0  # occurrences in all, logged or not
+        self._unsaid = 0
+        self._next_s = 0.0
+
+    def warn(self, message: str, *args: object) -> None:
+        with self._lock:
+            self.count += 1
+            now = time.monotonic()
+            if self.count < self._first:
+                suffix = ""
+            elif self.count == self._first:
+                suffix = f" (more like it: one line every {self._every_s:g} s)"
+                self._next_s = now + self._every_s
+            elif now >= self._next_s:
+                suffix = f" ({self._unsaid} more like it since)" if self._unsaid else ""
+                self._unsaid, self._next_s = 0, now + self._every_s
+            else:
+                self._unsaid += 1
+                return
+        self._log.warning("%s%s", message % args if args else message, suffix)
+
+    def close(self) -> None:
+        with self._lock:
+            unsaid, self._unsaid = self._unsaid, 0
+        if unsaid:
+            self._log.warning("%d more like the last warning were not logged", unsaid)
