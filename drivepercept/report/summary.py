@@ -9,7 +9,8 @@ frames/s, null where there is nothing to measure):
 - problems: what was wrong with the folder (killed run, corrupt lines), [] when nothing;
 - outputs_failed: {output: its failure} for outputs set aside during the run (run.json's
   `sinks`), {} when none failed;
-- budget_ms, window_s: the deadline and the throughput window used;
+- budget_ms, window_s: the deadline and the throughput window used (the one asked for, or
+  wider where the run's span would hold more than `telemetry.MAX_WINDOWS` of them);
 - frames, span_s (first capture to last emission), throughput_fps (frames / span_s);
 - end_to_end_ms: {count, mean_ms, p50_ms, p90_ms, p95_ms, p99_ms, max_ms}, capture to emission;
 - deadline: {budget_ms, frames, misses, miss_rate} (a frame misses when strictly over budget);
@@ -54,6 +55,7 @@ from drivepercept.telemetry.stats import (
     frame_index_gaps,
     latency_stats,
     rate_fps,
+    window_width_s,
     windowed_rate,
 )
 from drivepercept.telemetry.timeline import STAGE_SPANS, Timeline
@@ -205,6 +207,7 @@ def build_summary(
     run = data.record
     e2e = tl.end_to_end_ms
     origin, end = tl.origin_ns, tl.end_ns
+    window_s = window_width_s(max(end - origin, 0), window_s)  # wider on a long span
     total = windowed_rate(tl.stamps["emitted"], origin_ns=origin, end_ns=end, window_s=window_s)
     per_cam_windows = {
         name: windowed_rate(

@@ -15,6 +15,7 @@ from drivepercept.telemetry.sampler import (
     throttle_names,
 )
 from drivepercept.telemetry.stats import (
+    MAX_WINDOWS,
     BatchFill,
     DeadlineMisses,
     LatencyHistogram,
@@ -27,6 +28,7 @@ from drivepercept.telemetry.stats import (
     latency_stats,
     rate_fps,
     recent_window,
+    window_width_s,
     windowed_rate,
 )
 from drivepercept.telemetry.timeline import (
@@ -38,6 +40,7 @@ from drivepercept.telemetry.timeline import (
 
 __all__ = [
     "DEFAULT_RATE_HZ",
+    "MAX_WINDOWS",
     "STAGE_SPANS",
     "BatchFill",
     "DeadlineMisses",
@@ -59,5 +62,6 @@ __all__ = [
     "rate_fps",
     "recent_window",
     "throttle_names",
+    "window_width_s",
     "windowed_rate",
 ]

@@ -72,6 +72,11 @@ def rate_fps(count: int, first_ns: int, last_ns: int) -> float:
     return count / span_s if count and span_s > 0 else 0.0
 
 
+# windows of one throughput series at most: a longer span gets wider windows (a run folder
+# whose capture times span 54 years would otherwise ask for 1.7e9 one-second windows)
+MAX_WINDOWS = 10_000
+
+
 @dataclass(frozen=True)
 class Windows:
     """Event rate in consecutive time windows: window k covers [start_s[k], start_s[k] + width)."""
@@ -79,33 +84,54 @@ class Windows:
     start_s: FloatArray  # window starts, seconds after the reference time
     counts: IntArray
     rate_per_s: FloatArray  # counts / the window's length (the last window may be shorter)
+    width_s: float = 1.0  # the windows' width (`window_width_s`: wider than asked on a long span)
+
+
+def window_width_s(span_ns: int, window_s: float) -> float:
+    """The width of the windows `windowed_rate` cuts a span into: `window_s`, or, where the
+    span holds more than `MAX_WINDOWS` of them, the smallest 1-2-5 multiple of it (2, 5, 10,
+    20, ...) that holds it in `MAX_WINDOWS` or fewer. What a report says its windows are.
+
+    Raises:
+        ValueError: `window_s` is not a finite number > 0.
+    """
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    factor = span_ns / (MAX_WINDOWS * window_s * 1e9)
+    if factor <= 1:
+        return window_s
+    decade = 10.0 ** math.floor(math.log10(factor))
+    step = next(m for m in (1, 2, 5, 10) if m * decade >= factor)
+    return window_s * step * decade
 
 
 def windowed_rate(
     times_ns: IntArray | Sequence[int], *, origin_ns: int, end_ns: int, window_s: float = 1.0
 ) -> Windows:
-    """How many events fall in each `window_s` window from origin to end, and their rate.
+    """How many events fall in each window from origin to end, and their rate: windows of
+    `window_s`, wider on a long span (`window_width_s`: never more than about `MAX_WINDOWS`
+    of them, whatever the stamps say; `width_s` is the width used).
 
     The last window is cut at `end_ns`; its rate divides by its real length, so a run that
     ends 0.2 s into a window does not look slow. Events outside [origin, end] are ignored.
     """
-    if window_s <= 0:
-        raise ValueError(f"window_s must be > 0, got {window_s}")
-    span_ns = end_ns - origin_ns
+    span_ns = int(end_ns) - int(origin_ns)
+    width_s = window_width_s(max(span_ns, 0), window_s)
     if span_ns <= 0:
-        return Windows(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0))
-    width_ns = round(window_s * 1e9)
+        return Windows(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0), width_s)
+    width_ns = max(1, round(width_s * 1e9))
     n = max(1, math.ceil(span_ns / width_ns))
     times = np.asarray(times_ns, dtype=np.int64)
     times = times[(times >= origin_ns) & (times <= end_ns)]
-    index = np.minimum((times - origin_ns) // width_ns, n - 1)
+    # offsets from the origin as unsigned: exact even where the span overflows int64
+    offsets = times.view(np.uint64) - np.uint64(int(origin_ns) % 2**64)
+    index = np.minimum(offsets // np.uint64(width_ns), n - 1).astype(np.int64)
     counts = np.bincount(index, minlength=n).astype(np.int64)
-    lengths_s = np.full(n, window_s)
+    lengths_s = np.full(n, width_ns / 1e9)
     lengths_s[-1] = (span_ns - (n - 1) * width_ns) / 1e9
     rate = np.divide(counts, lengths_s, out=np.zeros(n, dtype=np.float64), where=lengths_s > 0)
-    return Windows(
-        start_s=np.arange(n, dtype=np.float64) * window_s, counts=counts, rate_per_s=rate
-    )
+    start_s = np.arange(n, dtype=np.float64) * (width_ns / 1e9)
+    return Windows(start_s=start_s, counts=counts, rate_per_s=rate, width_s=width_s)
 
 
 def frame_index_gaps(frame_indices: IntArray | Sequence[int]) -> int:
