@@ -9,14 +9,22 @@ bytes and fill bytes between segments (with a warning) and still decodes the pic
 does `jpeg_size`. What cannot be measured from its header (another format, a damaged header)
 is refused, not decoded: `frame_refusal` says why.
 
-Formats read: JPEG (SOF0-3, SOF9-11), PNG (IHDR), BMP (BITMAPINFOHEADER and later), WebP
-(VP8, VP8L, VP8X): the ones a camera or an image folder holds. OpenCV picks its decoder by
-the bytes, not the name, so the format is told by the bytes here too.
+Formats read: JPEG (SOF0-3, SOF9-11), PNG (IHDR), BMP (BITMAPINFOHEADER and later), TIFF
+(the first image file directory, classic and BigTIFF), WebP (VP8, VP8L, VP8X): the ones a
+camera or an image folder holds. OpenCV picks its decoder by the bytes, not the name, so the
+format is told by the bytes here too.
+
+Each reader is bounded by the header, not by the data: a JPEG's walk to its frame header is
+one regular-expression match per marker (junk of any length costs C time, not a Python loop
+a byte) and gives up after `MAX_SEGMENTS` segments; a TIFF's directory is read for at most
+`MAX_TIFF_ENTRIES` entries.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Literal
 
 from drivepercept.geometry import MAX_SIZE_PX
 
@@ -26,7 +34,7 @@ MAX_SIDE_PX = MAX_SIZE_PX
 # (bgra8). No camera's JPEG or PNG comes near it; a raw Image of the largest size fits.
 MAX_FRAME_BYTES = MAX_SIDE_PX * MAX_SIDE_PX * 4
 
-FORMATS = "JPEG, PNG, BMP or WebP"
+FORMATS = "JPEG, PNG, BMP, TIFF or WebP"
 
 # libjpeg's frame headers it decodes (jdmarker.c): baseline, extended, progressive, lossless,
 # and their arithmetic forms; SOF5-7, 13-15 and JPG are refused by it
@@ -36,36 +44,45 @@ _SOF_REFUSED = frozenset({0xC5, 0xC6, 0xC7, 0xC8, 0xCD, 0xCE, 0xCF})
 _SKIPPED = frozenset({0xC4, 0xCC, 0xDB, 0xDC, 0xDD, 0xFE, *range(0xE0, 0xF0)})
 # markers without a length: RST0-7, TEM
 _BARE = frozenset({0x01, *range(0xD0, 0xD8)})
+# libjpeg's next_marker: any bytes up to an 0xFF, fill bytes (more 0xFF), and a stuffed
+# `FF 00` is data, skipped like the rest; then the marker. Possessive: linear in the junk.
+_NEXT_MARKER = re.compile(rb"(?:[^\xff]|\xff+\x00)*+\xff+[^\x00\xff]")
+# segments before the frame header: a camera's JPEG has a handful (APPn, DQT, DHT, COM; an
+# ICC profile split over APP2 segments a few dozen); a file of a million 4-byte comments
+# would cost seconds of Python to walk, and is refused
+MAX_SEGMENTS = 1024
+MAX_TIFF_ENTRIES = 4096  # entries read from a TIFF's first directory (a real one: 10-30)
 
 
 def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from a JPEG's frame header (SOFn), found as libjpeg finds it: SOI
     first, then markers, each after any junk and 0xFF fill bytes (a stuffed `FF 00` is
     junk too). None when libjpeg would not decode it: no SOI, an SOS or EOI before the frame
-    header, an unsupported or unknown marker, a cut segment, or a height of 0 (set later by
-    a DNL marker: the size is not in the header)."""
+    header, an unsupported or unknown marker, a cut segment, a height of 0 (set later by a
+    DNL marker: the size is not in the header), no components or more than 4 (libjpeg
+    converts 1, 3 and 4 to colour), or more than `MAX_SEGMENTS` segments before the frame
+    header."""
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return None
     i = 2
-    while i < n:
-        # next_marker: skip to an 0xFF, then past fill bytes; FF 00 is data, not a marker
-        while i < n and data[i] != 0xFF:
-            i += 1
-        while i < n and data[i] == 0xFF:
-            i += 1
-        if i >= n:
+    for _ in range(MAX_SEGMENTS):
+        found = _NEXT_MARKER.match(data, i)
+        if found is None:  # the data ends before the next marker
             return None
-        marker = data[i]
-        i += 1
-        if marker == 0x00 or marker in _BARE:
+        i = found.end()
+        marker = data[i - 1]
+        if marker in _BARE:
             continue
         if marker in _SOF_DECODED:
-            if i + 7 > n:
+            # length (2), precision (1), height (2), width (2), components (1)
+            if i + 8 > n:
                 return None
             height = int.from_bytes(data[i + 3 : i + 5], "big")
             width = int.from_bytes(data[i + 5 : i + 7], "big")
-            return (width, height) if width and height else None
+            # libjpeg converts 1 (grey), 3 (YCbCr, RGB) or 4 (CMYK) components to BGR
+            components_ok = 1 <= data[i + 7] <= 4
+            return (width, height) if width and height and components_ok else None
         if marker not in _SKIPPED or i + 2 > n:  # SOS/EOI first, SOI again, SOF5-7..., others
             return None
         length = int.from_bytes(data[i : i + 2], "big")
@@ -96,6 +113,52 @@ def bmp_size(data: bytes | memoryview) -> tuple[int, int] | None:
     return (width, abs(height)) if width > 0 and height else None
 
 
+# TIFF field types read (SHORT, LONG, LONG8) -> their size in bytes
+_TIFF_TYPES = {3: 2, 4: 4, 16: 8}
+_TIFF_WIDTH, _TIFF_HEIGHT, _TIFF_BITS, _TIFF_SAMPLES = 256, 257, 258, 277
+
+
+def tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) from a TIFF's first image file directory (ImageWidth, ImageLength),
+    little- or big-endian, classic or BigTIFF. None when the directory lies outside `data`,
+    lacks either tag, or describes pixels OpenCV would widen in memory beyond a camera
+    frame's (more than 4 samples a pixel, or more than 16 bits a sample: a strip of such
+    pixels is held whole before it is converted)."""
+    head = bytes(data[:4])
+    if head not in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return None
+    order: Literal["little", "big"] = "little" if head[:2] == b"II" else "big"
+    big = head[2:] in (b"+\x00", b"\x00+")
+    # classic: 4-byte offsets, 2-byte entry count, 12-byte entries; BigTIFF: 8, 8, 20
+    word, count_size, entry_size = (8, 8, 20) if big else (4, 2, 12)
+
+    def number(at: int, size: int) -> int:
+        if at < 0 or at + size > len(data):
+            raise IndexError(at)
+        return int.from_bytes(data[at : at + size], order)
+
+    fields: dict[int, int] = {}
+    try:
+        directory = number(8 if big else 4, word)
+        entries = number(directory, count_size)
+        for k in range(min(entries, MAX_TIFF_ENTRIES)):
+            at = directory + count_size + k * entry_size
+            tag, kind, count = number(at, 2), number(at + 2, 2), number(at + 4, word)
+            size = _TIFF_TYPES.get(kind)
+            if tag not in (_TIFF_WIDTH, _TIFF_HEIGHT, _TIFF_BITS, _TIFF_SAMPLES) or not size:
+                continue
+            value_at = at + 4 + word  # the value itself, or (too long for the field) where
+            if count * size > word:
+                value_at = number(value_at, word)
+            fields[tag] = number(value_at, size)  # the first value (bits: the first sample's)
+    except IndexError:
+        return None
+    width, height = fields.get(_TIFF_WIDTH, 0), fields.get(_TIFF_HEIGHT, 0)
+    if fields.get(_TIFF_SAMPLES, 1) > 4 or fields.get(_TIFF_BITS, 1) > 16:
+        return None
+    return (width, height) if width and height else None
+
+
 def webp_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from a WebP's first chunk: VP8 (lossy), VP8L (lossless) or VP8X
     (extended: the canvas)."""
@@ -120,7 +183,7 @@ def encoded_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) of an encoded picture from its header, its format told by its bytes
     (as OpenCV tells it); None when the format is none of `FORMATS` or the header does not
     say."""
-    for size in (jpeg_size, png_size, bmp_size, webp_size):
+    for size in (jpeg_size, png_size, bmp_size, tiff_size, webp_size):
         found = size(data)
         if found is not None:
             return found
