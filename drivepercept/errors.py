@@ -105,7 +105,7 @@ class RepeatedWarning:
     logged for its first `first` occurrences, then once every `every_s` seconds with how many
     were not logged since, so a camera of bad frames costs a few lines, not one a frame.
     Thread-safe: the decoder threads of several cameras may share one. `close()` logs what
-    is still unsaid (call it when the source ends)."""
+    is still unsaid, with the last of it (call it when the source ends)."""
 
     def __init__(self, logger: logging.Logger, *, first: int = 3, every_s: float = 10.0) -> None:
         self._log, self._first, self._every_s = logger, first, every_s
@@ -113,6 +113,7 @@ class RepeatedWarning:
         self.count = 0  # occurrences in all, logged or not
         self._unsaid = 0
         self._next_s = 0.0
+        self._last: tuple[str, tuple[object, ...]] = ("", ())  # the last one not logged
 
     def warn(self, message: str, *args: object) -> None:
         with self._lock:
@@ -128,11 +129,14 @@ class RepeatedWarning:
                 self._unsaid, self._next_s = 0, now + self._every_s
             else:
                 self._unsaid += 1
+                self._last = (message, args)
                 return
         self._log.warning("%s%s", message % args if args else message, suffix)
 
     def close(self) -> None:
         with self._lock:
             unsaid, self._unsaid = self._unsaid, 0
+            message, args = self._last
         if unsaid:
-            self._log.warning("%d more like the last warning were not logged", unsaid)
+            last = message % args if args else message
+            self._log.warning("%s (%d more like it not logged, this the last)", last, unsaid)
