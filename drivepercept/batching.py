@@ -12,7 +12,9 @@ Each taken frame writes itself into its row (`QueuedFrame.into`): a frame prepar
 decoder thread is copied; a deferred one (live) is decoded and prepared there, on a small
 pool of `prepare` threads, one frame per camera at once (OpenCV releases the GIL), so a
 batch of six is ready in about the time of one on a machine with six cores. A deferred
-frame that fails (a corrupt JPEG) is left out of its batch, logged and counted.
+frame that fails (a corrupt JPEG, one refused before decoding, an OpenCV error) is left out
+of its batch and counted per camera (`failed_by_camera`: the pipeline adds it to the
+camera's undecodable frames); a camera of bad frames logs a few lines, not one a frame.
 
 Just in time: with deferred frames and a second staging slot, the batcher does not take the
 next batch the moment a slot is free (its frames would then age for a whole inference in
@@ -36,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from drivepercept.buffers import StagingRing
-from drivepercept.errors import one_line
+from drivepercept.errors import RepeatedWarning, one_line
 from drivepercept.queues import CameraQueues, put_until_stopped
 from drivepercept.types import Batch, FrameMeta, ImageU8, QueuedFrame
 
@@ -70,6 +72,7 @@ class Batcher:
         self.partial_batches = 0
         self.failed_frames = 0  # deferred frames that could not be prepared (corrupt)
         self.failed_by_camera: dict[int, int] = {}  # the same, per camera index
+        self._failed_warning: dict[int, RepeatedWarning] = {}  # per camera index
         self._pool: ThreadPoolExecutor | None = None
         self._prepare_ema_ns = 0.0  # how long preparing a batch of deferred frames takes
         self.error: BaseException | None = None
@@ -142,6 +145,8 @@ class Batcher:
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
+            for warning in self._failed_warning.values():
+                warning.close()
             put_until_stopped(self.out, None, self.stop)
 
     def _just_in_time(self) -> bool:
@@ -171,20 +176,29 @@ class Batcher:
         self._prepare_ema_ns = took if ema == 0 else 0.5 * (ema + took)
         metas: list[FrameMeta] = []
         for k, (meta, (frame, queued_ns)) in enumerate(zip(done, taken, strict=True)):
-            if meta is None:
-                self.failed_frames += 1
-                index = frame.camera_index
-                self.failed_by_camera[index] = self.failed_by_camera.get(index, 0) + 1
+            if isinstance(meta, str):
+                self._failed(frame.camera_index, meta)
                 continue
             if len(metas) != k:  # a frame before this one failed: close the gap
                 np.copyto(rows[len(metas)], rows[k])
             metas.append(dataclasses.replace(meta, queued_ns=queued_ns))
         return metas
 
+    def _failed(self, index: int, why: str) -> None:
+        """A deferred frame of camera `index` that could not be prepared: counted, and said
+        (the first few, then once in a while with the count)."""
+        self.failed_frames += 1
+        self.failed_by_camera[index] = self.failed_by_camera.get(index, 0) + 1
+        if index not in self._failed_warning:
+            self._failed_warning[index] = RepeatedWarning(log)
+        name = self.queues.cameras[index] if index < len(self.queues.cameras) else index
+        self._failed_warning[index].warn("camera %s: a frame was left out: %s", name, why)
 
-def _prepare(frame: QueuedFrame, row: ImageU8) -> FrameMeta | None:
+
+def _prepare(frame: QueuedFrame, row: ImageU8) -> FrameMeta | str:
+    """The frame prepared into `row`: its meta, or why it could not be (one corrupt frame,
+    or one that OpenCV raises on, is not its camera's end)."""
     try:
         return frame.into(row)
-    except Exception as exc:  # one corrupt frame is not the camera's end
-        log.warning("a frame could not be prepared and was left out: %s", one_line(str(exc)))
-        return None
+    except Exception as exc:
+        return one_line(str(exc)) or type(exc).__name__

@@ -23,7 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from drivepercept.errors import one_line, redact
+import cv2
+
+from drivepercept.errors import RepeatedWarning, one_line, redact
 from drivepercept.sources.prepare import prepare, prepare_into
 from drivepercept.sources.readers import CorruptFrameError, FrameReader, RawFrame
 from drivepercept.types import Frame, FrameMeta, ImageU8, InputSpec, QueuedFrame
@@ -144,6 +146,7 @@ class DecoderThread:
         self.short_by = 0  # frames announced by the container but not decodable
         self.undecodable = 0  # frames skipped in the middle because they did not decode
         self.corrupt = 0  # of them, frames read whole that did not decode (a corrupt JPEG)
+        self._skipped = RepeatedWarning(log)  # a camera of bad frames: a few lines, not one each
         self.error: BaseException | None = None  # what ended it, if it failed
         self.thread = threading.Thread(target=self._run, name=f"decode-{camera}", daemon=True)
 
@@ -179,6 +182,8 @@ class DecoderThread:
         return Frame(meta, image)
 
     def _deferred(self, got: RawFrame) -> DeferredFrame:
+        if got.refused is not None:  # known bad already: counted here, not queued
+            raise CorruptFrameError(got.refused)
         read_ns = time.monotonic_ns()
         self.counts.add(read=1, decoded=1 if got.decoded else 0)
         return DeferredFrame(
@@ -216,10 +221,12 @@ class DecoderThread:
                     break
                 try:
                     frame = self._deferred(got) if self.defer else self._prepared(got)
-                except CorruptFrameError as exc:  # this frame alone: skipped and counted
+                except (CorruptFrameError, cv2.error) as exc:  # this frame alone: skipped, counted
                     self.corrupt += 1
                     self.undecodable += 1
-                    log.warning("camera %s: frame skipped: %s", self.camera, exc)
+                    self._skipped.warn(
+                        "camera %s: frame skipped: %s", self.camera, one_line(str(exc))
+                    )
                     continue
                 if not self.queues.put(self.camera_index, frame, stop=self.stop):
                     break
@@ -240,4 +247,5 @@ class DecoderThread:
                 self.on_error(exc)
         finally:
             self.reader.close()
+            self._skipped.close()
             self.queues.end(self.camera_index)

@@ -19,10 +19,10 @@ from typing import Protocol
 import cv2
 import numpy as np
 
-from drivepercept.errors import DrivePerceptError
+from drivepercept.errors import DrivePerceptError, RepeatedWarning, one_line
 from drivepercept.geometry import MAX_SIZE_PX
 from drivepercept.rig import is_stream
-from drivepercept.sources.imagesize import header_size
+from drivepercept.sources.imagesize import MAX_FRAME_BYTES, frame_refusal, size_refusal
 from drivepercept.types import CameraState, ImageU8, ReaderStatus, StateChange
 
 __all__ = ["ReaderStatus", "StateChange"]  # re-exported: the readers' vocabulary
@@ -95,7 +95,10 @@ class RawFrame:
 
     A reader of an intra-only stream (MJPEG) may hand over the frame still encoded (`jpeg`,
     `image` None): it is decoded on first use of `image_bgr`, on whichever thread wants it,
-    so that a live frame that is dropped for a newer one is never decoded at all.
+    so that a live frame that is dropped for a newer one is never decoded at all. A reader
+    that refused a frame before decoding it (a live camera's part that is not a JPEG, or too
+    large) hands it over as `refused`, with the reason and without its bytes, so that it is
+    counted where every undecodable frame is.
     """
 
     image: ImageU8 | None = field(repr=False)
@@ -103,6 +106,7 @@ class RawFrame:
     arrived_ns: int
     jpeg: bytes | None = field(default=None, repr=False)  # or PNG: any format imdecode reads
     stamp_ns: int | None = None  # the source's own stamp (a recorded message's), if any
+    refused: str | None = None  # why the reader refused it (no pixels, no bytes)
 
     @property
     def decoded(self) -> bool:
@@ -110,19 +114,47 @@ class RawFrame:
 
     @property
     def image_bgr(self) -> ImageU8:
-        """The BGR pixels, decoded now if the frame came encoded.
+        """The BGR pixels, decoded now if the frame came encoded. An encoded frame is held
+        to the one frame limit first (`imagesize.frame_refusal`): its size is read from its
+        header, and a frame too large or whose header does not say is refused, not decoded.
 
         Raises:
-            SourceError: the encoded frame is not a decodable JPEG.
+            CorruptFrameError: the frame was refused, or does not decode.
         """
         if self.image is None:
-            raw = np.frombuffer(self.jpeg or b"", np.uint8)
-            image = cv2.imdecode(raw, cv2.IMREAD_COLOR) if raw.size else None
-            if image is None:
-                raise CorruptFrameError(f"a corrupt compressed frame ({raw.size} bytes)")
-            object.__setattr__(self, "image", np.asarray(image, np.uint8))
+            if self.refused is not None:
+                raise CorruptFrameError(self.refused)
+            object.__setattr__(self, "image", decode_frame(self.jpeg or b""))
         assert self.image is not None
         return self.image
+
+
+def decode_frame(data: bytes) -> ImageU8:
+    """An encoded frame (JPEG, PNG, ...) as BGR pixels, held to the frame limit before it is
+    decoded (see `RawFrame.image_bgr`).
+
+    Raises:
+        CorruptFrameError: refused before decoding (why), or OpenCV did not decode it
+            (OpenCV's own errors, e.g. its pixel limit, included).
+    """
+    why = frame_refusal(data)
+    if why is not None:
+        raise CorruptFrameError(f"refused before decoding: {why}")
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error as exc:
+        raise CorruptFrameError(f"OpenCV refused to decode it: {_cv2_why(exc)}") from None
+    if image is None:
+        raise CorruptFrameError(f"a corrupt compressed frame ({len(data)} bytes)")
+    why = size_refusal(image.shape[1], image.shape[0])  # its header said less (a bug's guard)
+    if why is not None:
+        raise CorruptFrameError(f"decoded to {why}")
+    return np.asarray(image, np.uint8)
+
+
+def _cv2_why(exc: cv2.error) -> str:
+    """OpenCV's error in one line: what failed, without its source file and line."""
+    return one_line(str(getattr(exc, "err", "") or exc), limit=200)
 
 
 class FrameReader(Protocol):
@@ -239,10 +271,18 @@ def image_files(folder: Path) -> list[Path]:
 
 
 class ImageFolderReader:
-    """Images in a folder, in name order, at a nominal frame rate. An image that does not
-    decode, or is larger than `MAX_SIZE_PX` a side (PNG and JPEG: read from the header,
-    before decoding), is skipped with a warning and counted (`undecodable`); the first image
-    must be good (it gives the size)."""
+    """Images in a folder, in name order, at a nominal frame rate.
+
+    Each file is read once, held to the one frame limit before it is decoded (its size from
+    its header: `imagesize.frame_refusal`; a file over `MAX_FRAME_BYTES` is refused by its
+    size on disk, unread) and decoded from memory. A file refused, undecodable or unreadable
+    is skipped and counted (`undecodable`), the first ones too: the first usable image gives
+    the size, and is kept decoded for the first `read`.
+
+    Raises:
+        SourceError: not a folder, no images in it, or none of them usable (naming the
+            first one and why).
+    """
 
     def __init__(self, folder: str | Path, *, fps: float | None = None) -> None:
         self.folder = Path(folder)
@@ -251,46 +291,79 @@ class ImageFolderReader:
         self._files = image_files(self.folder)
         if not self._files:
             raise SourceError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in {self.folder}")
-        size = header_size(self._files[0])
-        if size is not None and max(size) > MAX_SIZE_PX:
-            raise SourceError(_too_large(self._files[0], size[0], size[1]))
-        first = cv2.imread(str(self._files[0]), cv2.IMREAD_COLOR)
-        if first is None:
-            raise SourceError(f"cannot decode image {self._files[0]}")
-        if max(first.shape[:2]) > MAX_SIZE_PX:
-            raise SourceError(_too_large(self._files[0], first.shape[1], first.shape[0]))
-        self.info = SourceInfo(
-            first.shape[1], first.shape[0], fps or DEFAULT_FOLDER_FPS, len(self._files)
-        )
         self._index = 0
-        self.undecodable = 0  # images skipped: undecodable or too large
+        self.undecodable = 0  # images skipped: refused, undecodable or unreadable
+        self._skipped = RepeatedWarning(log)
+        self._opening = True  # skips are said once the open is decided
+        self._first_why = ""
+        first = self._next()
+        if first is None:
+            more = f" ({self.undecodable - 1} more skipped)" if self.undecodable > 1 else ""
+            raise SourceError(f"no usable image in {self.folder}: {self._first_why}{more}")
+        if self.undecodable:  # said now: a folder with none usable is one error line
+            self._skipped.warn(
+                "%d image(s) before %s skipped, the first: %s",
+                self.undecodable, self._files[self._index - 1], self._first_why,
+            )  # fmt: skip
+        self._opening = False
+        self._first: ImageU8 | None = first
+        height, width = first.shape[:2]
+        self.info = SourceInfo(width, height, fps or DEFAULT_FOLDER_FPS, len(self._files))
         self._state = _FileState()
 
-    def read(self) -> RawFrame | None:
+    def _next(self) -> ImageU8 | None:
+        """The next usable image, skipping (and counting) the others; None at the end."""
         while self._index < len(self._files):
-            started_ns = time.monotonic_ns()
             path = self._files[self._index]
             self._index += 1
-            size = header_size(path)
-            if size is not None and max(size) > MAX_SIZE_PX:
+            try:
+                return decode_frame(_read_image_file(path))
+            except (CorruptFrameError, OSError) as exc:
+                why = f"{path}: {(exc.strerror if isinstance(exc, OSError) else '') or exc}"
                 self.undecodable += 1
-                log.warning("skipping %s: %dx%d pixels, over %d a side", path, *size, MAX_SIZE_PX)
-                continue
-            raw = cv2.imread(str(path), cv2.IMREAD_COLOR)
-            if raw is None or max(raw.shape[:2]) > MAX_SIZE_PX:
-                self.undecodable += 1
-                log.warning("skipping undecodable or too large image %s", path)
-                continue
-            image: ImageU8 = np.asarray(raw, dtype=np.uint8)
-            return RawFrame(image, (self._index - 1) / self.info.fps, started_ns)
-        self._state.ended = True
+                if self._opening:
+                    self._first_why = self._first_why or why
+                else:
+                    self._skipped.warn("image skipped: %s", why)
         return None
+
+    def read(self) -> RawFrame | None:
+        started_ns = time.monotonic_ns()
+        image, self._first = self._first, None
+        if image is None:
+            image = self._next()
+        if image is None:
+            self._state.ended = True
+            self._skipped.close()
+            return None
+        return RawFrame(image, (self._index - 1) / self.info.fps, started_ns)
 
     def status(self) -> ReaderStatus:
         return self._state.status()
 
     def close(self) -> None:
         self._files = []
+        self._first = None
+        self._skipped.close()
+
+
+def _read_image_file(path: Path) -> bytes:
+    """A file's bytes, refused by its size on disk when larger than any frame may be (and
+    never more than that read, should it grow meanwhile).
+
+    Raises:
+        CorruptFrameError: the file is larger than `MAX_FRAME_BYTES`.
+        OSError: it cannot be read.
+    """
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(size + 1) if size <= MAX_FRAME_BYTES else b""
+    if size > MAX_FRAME_BYTES or len(data) > MAX_FRAME_BYTES:
+        raise CorruptFrameError(
+            f"refused before reading: {max(size, len(data))} bytes, more than the "
+            f"{MAX_FRAME_BYTES} a frame may be"
+        )
+    return data
 
 
 def open_reader(
