@@ -7,8 +7,13 @@ header and, unless it says otherwise, one valid JPEG part, then misbehaves:
 - `random`: random bytes right after the response header (no valid part);
 - `negative_length`: parts announcing `Content-Length: -5`;
 - `huge_part`: a part announcing 50 MB;
-- `huge_dims`: a part whose JPEG header says 9000x9000;
-- `not_jpeg`: a part of `text/html`;
+- `huge_dims`: parts whose JPEG header says 9000x9000;
+- `not_jpeg`: parts of `text/html`;
+- `only_not_jpeg`: no good part first: only parts of `text/html`, 20 a second;
+- `huge_among_good` (issue 43): 20 parts a second, in turn three that declare more pixels
+  than any frame may have (30000x30000, 30000x30000 with a junk byte after its APP0 segment,
+  which libjpeg decodes all the same, and 60000x60000, over OpenCV's own limit) and a good
+  one;
 - `chunked` (not hostile: awkward): good parts, 25 a second, sent with `Transfer-Encoding:
   chunked` in chunks of 7 bytes (chunk ends fall inside boundaries and line ends);
 - `garbage_jpegs`: then parts of `image/jpeg` that hold no JPEG, 25 a second, and a good one
@@ -29,7 +34,7 @@ import numpy as np
 
 MODES = (
     "endless_headers", "drip", "random", "negative_length", "huge_part", "huge_dims", "not_jpeg",
-    "garbage_jpegs", "chunked",
+    "garbage_jpegs", "chunked", "only_not_jpeg", "huge_among_good",
 )  # fmt: skip
 BOUNDARY = b"frame"
 
@@ -52,6 +57,25 @@ def with_size(data: bytes, width: int, height: int) -> bytes:
             return bytes(out)
         i += 2 + int.from_bytes(out[i + 2 : i + 4], "big")
     raise AssertionError("no frame header")
+
+
+def with_junk(data: bytes, junk: bytes = b"\x00") -> bytes:
+    """`data` (a JPEG) with `junk` between its APP0 segment and the next marker: libjpeg
+    skips it with a warning and decodes the picture (a strict header reader gives up)."""
+    assert data[2:4] == b"\xff\xe0", "no APP0 segment"
+    end = 4 + int.from_bytes(data[4:6], "big")
+    return data[:end] + junk + data[end:]
+
+
+def huge_jpegs() -> dict[str, bytes]:
+    """A few hundred bytes each, declaring more pixels than a frame may have: decoded, the
+    first two would take 2.7 GB; OpenCV refuses the third itself (its 2^30 pixel limit)."""
+    small = jpeg()
+    return {
+        "30000x30000": with_size(small, 30000, 30000),
+        "30000x30000 junk": with_junk(with_size(small, 30000, 30000)),
+        "60000x60000": with_size(small, 60000, 60000),
+    }
 
 
 def _part(body: bytes, kind: bytes = b"image/jpeg", length: int | None = None) -> bytes:
@@ -109,7 +133,8 @@ class HostileCamera:
                     conn.sendall(os.urandom(65536))
                     time.sleep(0.01)
                 return
-            conn.sendall(_part(jpeg()))
+            if self.mode != "only_not_jpeg":
+                conn.sendall(_part(jpeg()))
             getattr(self, "_" + self.mode)(conn)
         except OSError:
             pass
@@ -147,6 +172,19 @@ class HostileCamera:
     def _not_jpeg(self, conn: socket.socket) -> None:
         while not self._stop.is_set():
             conn.sendall(_part(b"<html></html>", kind=b"text/html"))
+            time.sleep(0.05)
+
+    def _only_not_jpeg(self, conn: socket.socket) -> None:
+        while not self._stop.is_set():
+            conn.sendall(_part(b"<html></html>", kind=b"text/html"))
+            time.sleep(0.05)
+
+    def _huge_among_good(self, conn: socket.socket) -> None:
+        parts = [*huge_jpegs().values(), jpeg()]  # after the good one all modes send
+        n = 0
+        while not self._stop.is_set():
+            conn.sendall(_part(parts[n % len(parts)]))
+            n += 1
             time.sleep(0.05)
 
     def _garbage_jpegs(self, conn: socket.socket) -> None:

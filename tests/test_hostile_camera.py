@@ -1,7 +1,9 @@
 """A camera that misbehaves on purpose (issue 26): every read it can stall or inflate is
 bounded, named and interruptible. Each misbehaviour ends the connection within its timeout
 with the reason, memory stays flat, a stop ends a blocked read within a slice, and a camera
-that opens and then fails at once is retried after a backoff, not as fast as it answers."""
+that opens and then fails at once is retried after a backoff, not as fast as it answers.
+A whole part whose picture cannot be used (not a JPEG, or too large: issue 43) is one
+refused frame, counted, and the stream goes on."""
 
 from __future__ import annotations
 
@@ -14,13 +16,13 @@ from pathlib import Path
 import children
 import psutil
 import pytest
-from hostile import hostile_camera, jpeg, with_size
+from hostile import hostile_camera, jpeg, with_junk, with_size
 
 from drivepercept.config import ReconnectPolicy
 from drivepercept.sources.bounded import SLICE_S
 from drivepercept.sources.imagesize import jpeg_size
 from drivepercept.sources.live import LiveSource
-from drivepercept.sources.mjpeg import MAX_HEADERS, MAX_PART_BYTES, MjpegReader
+from drivepercept.sources.mjpeg import MAX_HEADERS, MAX_PART_BYTES, OPEN_MAX_REFUSED, MjpegReader
 from drivepercept.sources.readers import SourceError
 
 pytestmark = pytest.mark.integration
@@ -35,8 +37,6 @@ POLICY = ReconnectPolicy(initial_s=0.25, max_s=2.0, open_timeout_s=2.0, read_tim
         ("drip", "the read timeout passed before the part was whole"),
         ("negative_length", "a part of -5 bytes"),
         ("huge_part", f"a part of {50 << 20} bytes (the limit is {MAX_PART_BYTES})"),
-        ("huge_dims", "a 9000x9000 frame, over the 8192 px limit of a side"),
-        ("not_jpeg", "a part that is not a JPEG"),
     ],
 )
 def test_each_misbehaviour_ends_the_read_in_time_with_its_reason(mode: str, reason: str) -> None:
@@ -54,6 +54,54 @@ def test_each_misbehaviour_ends_the_read_in_time_with_its_reason(mode: str, reas
     # then the read ends within the read timeout (and a slice), saying why
     assert took <= POLICY.read_timeout_s + 2 * SLICE_S + 0.3, took
     assert reader.last_error.startswith(reason), reader.last_error
+
+
+@pytest.mark.parametrize(
+    ("mode", "reasons"),
+    [
+        ("huge_dims", ["9000x9000 pixels, larger than the 8192x8192"]),
+        ("not_jpeg", ["a part of text/html, not a JPEG"]),
+        ("garbage_jpegs", ["its size cannot be read from its header"]),
+        ("huge_among_good", ["30000x30000 pixels", "30000x30000 pixels", "60000x60000 pixels"]),
+    ],
+)
+def test_a_part_whose_picture_cannot_be_used_is_one_refused_frame(
+    mode: str, reasons: list[str]
+) -> None:
+    # given a camera that sends one good frame, then parts that are not usable pictures
+    # (issue 43: each of these ended the connection, or was decoded to 2.7 GB)
+    with hostile_camera(mode) as camera:
+        reader = MjpegReader(camera.url, policy=POLICY)
+        try:
+            first = reader.read()
+            # when the next frames are read
+            frames = [reader.read() for _ in reasons]
+        finally:
+            reader.close()
+    # then the good one decodes, and each bad one comes as a refused frame, without its
+    # bytes, saying why: the connection stays up
+    assert first is not None and first.image_bgr.shape == (48, 64, 3)
+    for frame, reason in zip(frames, reasons, strict=True):
+        assert frame is not None, reader.last_error
+        assert frame.refused is not None and frame.jpeg is None and not frame.decoded
+        assert frame.refused.startswith("refused before decoding: ") and reason in frame.refused
+        with pytest.raises(SourceError, match="refused before decoding"):
+            frame.image_bgr  # noqa: B018 (the property decodes)
+
+
+def test_a_camera_of_only_parts_that_are_not_jpegs_fails_its_open_in_one_line() -> None:
+    # given a camera whose every part is text/html, 20 a second
+    with hostile_camera("only_not_jpeg") as camera:
+        started = time.monotonic()
+        with pytest.raises(SourceError) as err:
+            MjpegReader(camera.url, policy=POLICY)
+        took = time.monotonic() - started
+    # then the open gives up after OPEN_MAX_REFUSED of them, within its timeout, saying so
+    message = str(err.value)
+    assert took <= POLICY.open_timeout_s + 0.5, took
+    assert len(message.splitlines()) == 1, message
+    assert f"{OPEN_MAX_REFUSED} undecodable frames in a row and no good one" in message
+    assert "a part of text/html, not a JPEG" in message
 
 
 def test_random_bytes_after_the_response_fail_the_open_in_time_with_a_reason() -> None:
@@ -136,6 +184,7 @@ def test_a_camera_that_fails_right_after_each_open_is_retried_with_backoff() -> 
 def test_jpeg_size_reads_the_frame_header_without_decoding() -> None:
     assert jpeg_size(jpeg(64, 48)) == (64, 48)
     assert jpeg_size(with_size(jpeg(), 9000, 9000)) == (9000, 9000)
+    assert jpeg_size(with_junk(with_size(jpeg(), 9000, 9000))) == (9000, 9000)
     assert jpeg_size(b"<html>") is None and jpeg_size(b"\xff\xd8\xff") is None
 
 

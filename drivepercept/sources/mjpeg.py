@@ -5,21 +5,32 @@ frame can be decoded on its own, later, on any thread. OpenCV's reader decodes e
 the thread that reads the socket, including the ones a live run drops for newer frames (most
 of them when the model is slower than the cameras). `MjpegReader` reads the parts with the
 standard library's HTTP client and hands each one over still encoded (`RawFrame.jpeg`): the
-batcher decodes only the frames it takes. The first part is decoded at open, for the size.
+batcher decodes only the frames it takes. The first good part is decoded at open, for the
+size.
 
 A response that is not a multipart stream (an MP4 or HLS URL, a snapshot page) raises
 `NotMjpegError`, and the caller opens the URL with OpenCV instead.
 
 Nothing the camera sends is trusted (`bounded.py`): a part must arrive whole within
 `read_timeout_s` (the first within `open_timeout_s`), its header lines are at most
-`MAX_HEADER_LINE` bytes and `MAX_HEADERS` lines, its body at most `max_part_mb`, its
-picture at most `MAX_SIZE_PX` a side (read from the JPEG header, before any decoding), and a
-stop ends a read within `bounded.SLICE_S`. A part that breaks a bound ends the connection with
-the reason (`last_error`), which the reconnect supervisor reports.
+`MAX_HEADER_LINE` bytes and `MAX_HEADERS` lines, its body at most `max_part_mb`, and a stop
+ends a read within `bounded.SLICE_S`. A part that breaks one of these bounds breaks the
+stream's framing: it ends the connection with the reason (`last_error`), which the reconnect
+supervisor reports.
+
+A whole part whose picture cannot be used is one bad frame, not a broken stream: a part that
+is not a JPEG (its Content-Type), or whose JPEG header says a size over the one frame limit
+or says none (`imagesize.frame_refusal`, before any decoding), is handed over as a refused
+frame (`RawFrame.refused`: the reason, not the bytes), counted as undecodable where every
+frame is, and the connection stays up. At open, refused parts are skipped until a good one,
+which gives the size, and handed over before it; `OPEN_MAX_REFUSED` of them in a row and no
+good one fail the open, with the count and the last reason.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import http.client
 import re
 import socket
@@ -28,16 +39,19 @@ import time
 from urllib.parse import SplitResult, urlsplit
 
 from drivepercept.config import ReconnectPolicy
-from drivepercept.geometry import MAX_SIZE_PX
+from drivepercept.errors import one_line
 from drivepercept.sources.bounded import BodyError, BoundedBody
-from drivepercept.sources.imagesize import jpeg_size
+from drivepercept.sources.imagesize import frame_refusal
 from drivepercept.sources.probe import basic_auth, camera_tls, http_phrase
-from drivepercept.sources.readers import RawFrame, SourceError, SourceInfo
+from drivepercept.sources.readers import CorruptFrameError, RawFrame, SourceError, SourceInfo
 from drivepercept.types import CameraState, ReaderStatus
 
 MAX_PART_BYTES = 8 << 20  # the default bound of a part (`ReconnectPolicy.max_part_mb`)
 MAX_HEADER_LINE = 8192  # bytes in one header or boundary line
 MAX_HEADERS = 64  # header lines of one part
+# parts refused in a row at open, with no good one, before the open gives up: a second of a
+# 25 fps camera (each is also bounded by the open timeout)
+OPEN_MAX_REFUSED = 25
 _BOUNDARY_RE = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 
 
@@ -55,8 +69,9 @@ class MjpegReader:
 
     Raises:
         NotMjpegError: the server answers 200 with something else.
-        SourceError: the connection, the HTTP status or the first frame failed (one line,
-            naming the URL and the reason).
+        SourceError: the connection or the HTTP status failed, or no good frame came
+            (within the open timeout, or in `OPEN_MAX_REFUSED` parts): one line, naming the
+            URL and the reason.
     """
 
     def __init__(
@@ -69,7 +84,8 @@ class MjpegReader:
         parts = urlsplit(url)
         opened = time.monotonic()
         self._conn = _connection(parts, policy.open_timeout_s)
-        self._first: RawFrame | None = None
+        # the frames read at open (refused ones, then the first good one), given first
+        self._opened: collections.deque[RawFrame] = collections.deque()
         self._at_headers = False  # the boundary line of the next part was already read
         self._ended = False  # the final boundary was read
         try:
@@ -77,19 +93,39 @@ class MjpegReader:
             self._body = BoundedBody(self._response, self._sock, stop)
             self._t0 = time.monotonic_ns() / 1e9
             # the open, the response and the first frame together within the open timeout
-            first = self._part(opened + policy.open_timeout_s)
-            if first is None:
-                why = self.last_error or "the stream ended before its first frame"
-                raise SourceError(f"cannot open {url}: {why}")
-            self._first = first
-            try:
-                height, width = first.image_bgr.shape[:2]
-            except SourceError as exc:
-                raise SourceError(f"cannot open {url}: its first frame is {exc}") from None
+            width, height = self._first_frame(opened + policy.open_timeout_s)
         except BaseException:
             self._conn.close()
             raise
         self.info = SourceInfo(width, height, 0.0, -1)
+
+    def _first_frame(self, deadline: float) -> tuple[int, int]:
+        """Reads parts until one decodes: its (width, height). The refused parts before it
+        are kept (their reasons only) and handed over before it, so that they are counted.
+
+        Raises:
+            SourceError: the stream broke or ended, the deadline passed, or
+                `OPEN_MAX_REFUSED` parts in a row were refused.
+        """
+        while True:
+            frame = self._part(deadline)
+            if frame is None:
+                why = self.last_error or "the stream ended before its first frame"
+                raise SourceError(f"cannot open {self.source}: {why}")
+            if frame.refused is None:
+                try:
+                    height, width = frame.image_bgr.shape[:2]
+                except CorruptFrameError as exc:  # a header that passed, data that did not
+                    frame = dataclasses.replace(frame, jpeg=None, refused=str(exc))
+                else:
+                    self._opened.append(frame)
+                    return width, height
+            self._opened.append(frame)
+            if len(self._opened) >= OPEN_MAX_REFUSED:
+                raise SourceError(
+                    f"cannot open {self.source}: {len(self._opened)} undecodable frames in a "
+                    f"row and no good one (the last: {frame.refused})"
+                )
 
     def watch(self, stop: threading.Event) -> None:
         """Ends any read within `bounded.SLICE_S` once `stop` is set."""
@@ -120,9 +156,8 @@ class MjpegReader:
         """The next frame, encoded; None when the stream ends, breaks a bound or does not
         deliver a whole part within the read timeout (`last_error` says which; the
         reconnect supervisor takes it from there)."""
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
+        if self._opened:
+            return self._opened.popleft()
         return self._part(time.monotonic() + self._read_timeout_s)
 
     def _part(self, deadline: float) -> RawFrame | None:
@@ -161,8 +196,6 @@ class MjpegReader:
                 raise ValueError(f"a part with more than {MAX_HEADERS} header lines")
             name, _, value = line.partition(b":")
             headers[name.strip().lower()] = value.strip()
-        if b"jpeg" not in headers.get(b"content-type", b"image/jpeg").lower():
-            raise ValueError("a part that is not a JPEG")
         if b"content-length" in headers:
             length = int(headers[b"content-length"])
             if not 0 < length <= self._max_part:
@@ -174,13 +207,17 @@ class MjpegReader:
         else:
             jpeg = self._until_boundary(marker, deadline)
             self._at_headers = True
-        size = jpeg_size(jpeg)
-        if size is not None and max(size) > MAX_SIZE_PX:
-            raise ValueError(
-                f"a {size[0]}x{size[1]} frame, over the {MAX_SIZE_PX} px limit of a side"
-            )
         arrived_ns = time.monotonic_ns()
-        return RawFrame(None, arrived_ns / 1e9 - self._t0, arrived_ns, jpeg=jpeg)
+        pts_s = arrived_ns / 1e9 - self._t0
+        kind = headers.get(b"content-type", b"image/jpeg")
+        why: str | None
+        if b"jpeg" not in kind.lower():
+            why = f"a part of {one_line(kind.decode('latin-1'), limit=64)}, not a JPEG"
+        else:
+            why = frame_refusal(jpeg)  # its size from its header: nothing decoded
+        if why is not None:  # one bad frame: counted, the stream goes on
+            return RawFrame(None, pts_s, arrived_ns, refused=f"refused before decoding: {why}")
+        return RawFrame(None, pts_s, arrived_ns, jpeg=jpeg)
 
     def _until_boundary(self, marker: bytes, deadline: float) -> bytes:
         """A part without Content-Length: its bytes up to the next boundary line."""
