@@ -1,42 +1,61 @@
-"""The containers of recorded drives, read: MCAP files (the `mcap` package; ROS 2 messages
-decoded by `mcap-ros2-support`, Foxglove's protobuf ones by `mcap-protobuf-support` where
-installed, JSON ones as JSON) and ROS 2 bag folders and ROS 1 bags (`rosbags`' AnyReader).
+"""The containers of recorded drives, read: MCAP files (`mcapread`; ROS 2 messages decoded by
+`mcap-ros2-support`, Foxglove's protobuf ones by `mcap-protobuf-support` where installed,
+JSON ones as JSON), ROS 2 bag folders (MCAP storage by `mcapread`, SQLite storage by
+rosbags) and ROS 1 bags (`bagread`), every one under the size limits of `untrusted`.
 
-`open_container(path)` gives one with `topics()`, `messages(topic)` (log time, type name and
-a call that decodes the message: decoding is left to the caller, so that one bad message is
-one skipped frame), `span_ns()`, `attachment(name)` and `close()`. An MCAP without a summary
-(cut short) is read front to back, in file order, so the messages before a cut come first.
+`open_container(path)` gives one with `topics()`, `messages(topic, on_damage)` (log time,
+type name and a call that decodes the message: decoding is left to the caller, so that one
+bad message is one skipped frame; a chunk that cannot be read is reported to `on_damage`
+and skipped), `metadata(name)`, `attachment(name)` and `close()`.
+
+Only what is a recording is opened, and nothing of it blocks: a `.mcap` or `.bag` regular
+file, or a folder with a regular `metadata.yaml` (and regular storage files); a FIFO, a
+device, a folder named `x.mcap` or a video is refused in one line before any library opens
+it. Every error a library raises while opening becomes one `SourceError` line.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import json
-import logging
+import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
-from drivepercept.errors import ConfigError
+from drivepercept.errors import ConfigError, DrivePerceptError
+from drivepercept.sources.bagread import (
+    Ros1Bag,
+    Sqlite3Bag,
+    inflated_message,
+    ros2_metadata,
+)
+from drivepercept.sources.mcapread import McapFile
 from drivepercept.sources.readers import SourceError
+from drivepercept.sources.untrusted import Topic, file_kind
 
-log = logging.getLogger(__name__)
+__all__ = ["Container", "Topic", "open_container"]
 
-_SCAN_LIMIT = 20_000  # messages scanned for channels when an MCAP has no summary (cut short)
-
-
-@dataclass(frozen=True)
-class Topic:
-    """A topic of a recording: its name, message type and message count (-1: unknown)."""
-
-    name: str
-    msgtype: str
-    count: int
+RECORDING = "a recording (an .mcap or .bag file, or a ROS 2 bag folder with a metadata.yaml)"
+OnDamage = Callable[[str, "int | None"], None]
+Message = tuple[int, str, Callable[[], Any]]  # (log time ns, type name, decode)
 
 
-# ------------------------------------------------------------------ the two backends
+class Container(Protocol):
+    """An opened recording."""
+
+    def topics(self) -> list[Topic]: ...
+
+    def messages(self, topic: str, on_damage: OnDamage) -> Iterator[Message]: ...
+
+    def metadata(self, name: str) -> dict[str, str] | None: ...
+
+    def attachment(self, name: str) -> bytes | None: ...
+
+    def close(self) -> None: ...
+
+
+# ------------------------------------------------------------------ MCAP decoding
 
 
 class _JsonDecoders:
@@ -46,16 +65,29 @@ class _JsonDecoders:
         return json.loads if message_encoding == "json" else None
 
 
+class _StandardCdrDecoders:
+    """CDR messages of the standard types (images, calibration) whose schema
+    `mcap-ros2-support` does not read (an IDL schema), by rosbags' type store."""
+
+    def decoder_for(self, message_encoding: str, schema: Any) -> Callable[[bytes], Any] | None:
+        from drivepercept.recording.messages import typestore
+
+        store = typestore()
+        if message_encoding != "cdr" or schema is None or schema.name not in store.fielddefs:
+            return None
+        return functools.partial(store.deserialize_cdr, typename=schema.name)
+
+
 def _mcap_factories() -> list[Any]:
     try:
         from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
     except ImportError as exc:
         raise _missing(exc) from None
-    factories: list[Any] = [Ros2Decoders(), _JsonDecoders()]
+    factories: list[Any] = [Ros2Decoders(), _JsonDecoders(), _StandardCdrDecoders()]
     try:  # Foxglove's protobuf schemas: optional
         from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoders
 
-        factories.append(ProtobufDecoders())
+        factories.insert(2, ProtobufDecoders())
     except ImportError:
         pass
     return factories
@@ -68,163 +100,135 @@ def _missing(exc: ImportError) -> ConfigError:
 
 
 class _Mcap:
-    """An MCAP file: its topics, and one topic's messages decoded one at a time."""
+    """An MCAP file: its topics, and one topic's messages decoded one at a time (messages
+    compressed one by one, as a ROS 2 bag of `compression_mode: message` holds them, are
+    inflated under the message limit first)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, message_compression: str = "") -> None:
         try:
-            from mcap.exceptions import InvalidMagic
-            from mcap.reader import make_reader
+            import mcap  # noqa: F401  (the extra is there before anything opens)
         except ImportError as exc:
             raise _missing(exc) from None
         self.path = path
-        self.factories = _mcap_factories()  # before the open: a missing extra leaks nothing
-        try:
-            self._file: IO[bytes] = path.open("rb")
-        except OSError as exc:
-            raise SourceError(f"cannot open {path}: {exc.strerror or exc}") from None
-        try:
-            self._reader = make_reader(self._file)
-            self._summary = self._reader.get_summary()
-        except InvalidMagic as exc:
-            self.close()
-            raise SourceError(f"{path} is not an MCAP file ({exc})") from None
-        except Exception:  # no summary to seek by (cut short): read front to back
-            self._summary = None
-        self.indexed = self._summary is not None
-
-    def _query(self) -> Any:
-        """The reader for one query: an indexed file's seeking reader; for a file cut short
-        (no summary), a new front-to-back reader from its start (one query each)."""
-        if self.indexed:
-            return self._reader
-        from mcap.reader import NonSeekingReader
-
-        self._file.seek(0)
-        return NonSeekingReader(self._file)
+        self.factories = _mcap_factories()
+        self._file = McapFile(path)
+        self._compression = message_compression
 
     def topics(self) -> list[Topic]:
-        if self._summary is not None:
-            stats = self._summary.statistics
-            counts = stats.channel_message_counts if stats is not None else {}
-            schemas = self._summary.schemas
-            return [
-                Topic(
-                    ch.topic,
-                    schemas[ch.schema_id].name if ch.schema_id in schemas else "",
-                    counts.get(ch.id, -1),
-                )
-                for ch in self._summary.channels.values()
-            ]
-        seen: dict[str, Topic] = {}
-        try:
-            found = self._query().iter_messages(log_time_order=False)
-            for schema, channel, _ in itertools.islice(found, _SCAN_LIMIT):
-                seen.setdefault(
-                    channel.topic, Topic(channel.topic, schema.name if schema else "", -1)
-                )
-        except Exception as exc:  # cut short: what was read says which topics there are
-            log.info("%s: read up to a damaged or missing end (%s)", self.path, exc)
-        return list(seen.values())
+        return self._file.topics()
 
-    def span_ns(self) -> tuple[int, int] | None:
-        stats = self._summary.statistics if self._summary is not None else None
-        if stats is None or not stats.message_count:
-            return None
-        return stats.message_start_time, stats.message_end_time
-
-    def messages(self, topic: str) -> Iterator[tuple[int, str, Callable[[], Any]]]:
-        """(log time ns, type name, decode) per message of `topic`, in log-time order."""
-        decoders: dict[int, Callable[[bytes], Any] | None] = {}
-        # an indexed file in log-time order; one read front to back (cut short) in file order,
-        # so that what comes before a cut is given before the cut is found
-        ordered = self.indexed
-        found = self._query().iter_messages(topics=[topic], log_time_order=ordered)
-        for schema, channel, message in found:
-            if channel.id not in decoders:
-                decoders[channel.id] = next(
-                    (
-                        d
-                        for f in self.factories
-                        if (d := f.decoder_for(channel.message_encoding, schema)) is not None
-                    ),
-                    None,
-                )
-            decode = decoders[channel.id]
+    def messages(self, topic: str, on_damage: OnDamage) -> Iterator[Message]:
+        decoders: dict[int, Callable[[bytes], Any]] = {}
+        for schema, channel, log_time, data in self._file.messages(topic, on_damage):
+            decode = decoders.get(channel.id)
             if decode is None:
-                enc = channel.message_encoding
-                raise SourceError(
-                    f"{self.path}: topic {topic} is {enc}-encoded "
-                    f"{schema.name if schema else ''}, which no installed decoder reads"
-                    + (" (pip install mcap-protobuf-support)" if enc == "protobuf" else "")
-                )
-            yield (
-                message.log_time,
-                schema.name if schema else "",
-                functools.partial(decode, message.data),
+                decode = decoders[channel.id] = self._decoder(topic, schema, channel)
+            name = schema.name if schema else ""
+            if self._compression:
+                yield log_time, name, functools.partial(self._inflated, decode, data)
+            else:
+                yield log_time, name, functools.partial(decode, data)
+
+    def _inflated(self, decode: Callable[[bytes], Any], data: bytes) -> Any:
+        return decode(inflated_message(data, self._compression))
+
+    def _decoder(self, topic: str, schema: Any, channel: Any) -> Callable[[bytes], Any]:
+        enc, name = channel.message_encoding, schema.name if schema else ""
+        try:
+            found = (f.decoder_for(enc, schema) for f in self.factories)
+            decode = next((d for d in found if d is not None), None)
+        except Exception as exc:  # a schema its factory cannot parse
+            raise SourceError(
+                f"{self.path}: topic {topic}: its schema {name} cannot be read ({exc})"
+            ) from None
+        if decode is None:
+            raise SourceError(
+                f"{self.path}: topic {topic} is {enc}-encoded {name}, which no installed "
+                "decoder reads"
+                + (" (pip install mcap-protobuf-support)" if enc == "protobuf" else "")
             )
+        return decode  # type: ignore[no-any-return]
 
     def metadata(self, name: str) -> dict[str, str] | None:
-        for record in self._query().iter_metadata():
-            if record.name == name:
-                return dict(record.metadata)
-        return None
+        return self._file.metadata(name)
 
     def attachment(self, name: str) -> bytes | None:
-        for att in self._query().iter_attachments():
-            if att.name == name:
-                return bytes(att.data)
-        return None
+        return self._file.attachment(name)
 
     def close(self) -> None:
         self._file.close()
 
 
-class _Bag:
-    """A ROS 2 bag folder or a ROS 1 bag, through rosbags' AnyReader."""
+class _Ros2Mcap:
+    """A ROS 2 bag folder of MCAP storage files: one `_Mcap` each, read one after another
+    (a bag is split into files by time)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, files: tuple[Path, ...], message_compression: str) -> None:
+        self._files: list[_Mcap] = []
         try:
-            from rosbags.highlevel import AnyReader
-        except ImportError as exc:
-            raise _missing(exc) from None
-        self.path = path
-        self._reader = AnyReader([path])
-        try:
-            self._reader.open()
-        except Exception as exc:
-            raise SourceError(f"cannot read bag {path}: {exc}") from None
-        self.indexed = True
+            for file in files:
+                self._files.append(_Mcap(file, message_compression=message_compression))
+        except BaseException:
+            self.close()
+            raise
 
     def topics(self) -> list[Topic]:
         out: dict[str, Topic] = {}
-        for conn in self._reader.connections:
-            t = out.get(conn.topic)
-            count = conn.msgcount + (t.count if t else 0)
-            out[conn.topic] = Topic(conn.topic, conn.msgtype, count)
+        for file in self._files:
+            for t in file.topics():
+                if (seen := out.get(t.name)) is not None:
+                    count = -1 if t.count < 0 or seen.count < 0 else t.count + seen.count
+                    t = Topic(t.name, seen.msgtype, count)
+                out[t.name] = t
         return list(out.values())
 
-    def span_ns(self) -> tuple[int, int] | None:
-        return int(self._reader.start_time), int(self._reader.end_time)
-
-    def messages(self, topic: str) -> Iterator[tuple[int, str, Callable[[], Any]]]:
-        conns = [c for c in self._reader.connections if c.topic == topic]
-        deserialize = self._reader.deserialize
-        for conn, log_time, raw in self._reader.messages(connections=conns):
-            yield log_time, conn.msgtype, functools.partial(deserialize, raw, conn.msgtype)
-
-    def attachment(self, name: str) -> bytes | None:
-        return None  # bags have none
+    def messages(self, topic: str, on_damage: OnDamage) -> Iterator[Message]:
+        for file in self._files:
+            if any(t.name == topic for t in file.topics()):
+                yield from file.messages(topic, on_damage)
 
     def metadata(self, name: str) -> dict[str, str] | None:
         return None
 
+    def attachment(self, name: str) -> bytes | None:
+        return None
+
     def close(self) -> None:
-        self._reader.close()
+        for file in self._files:
+            file.close()
 
 
-def open_container(path: Path) -> _Mcap | _Bag:
-    if not path.exists():
-        raise SourceError(f"recording not found: {path}")
-    if path.is_file() and path.suffix.lower() == ".mcap":
-        return _Mcap(path)
-    return _Bag(path)
+# ------------------------------------------------------------------ opening
+
+
+def open_container(path: Path) -> Container:
+    """The recording at `path`, opened: checked for what it is before any library opens it
+    (see the module's docstring).
+
+    Raises:
+        SourceError: `path` is missing, is not a recording, or cannot be read (one line).
+        ConfigError: the `[ros]` extra is not installed.
+    """
+    try:
+        st = path.stat()
+    except OSError as exc:
+        missing = isinstance(exc, FileNotFoundError)
+        raise SourceError(
+            f"recording not found: {path}" if missing else f"cannot open {path}: {exc.strerror}"
+        ) from None
+    mode, suffix = st.st_mode, path.suffix.lower()
+    if stat.S_ISDIR(mode) and not (path / "metadata.yaml").exists():
+        raise SourceError(f"{path} is a folder without a metadata.yaml, not {RECORDING}")
+    if not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode) or suffix not in (".mcap", ".bag")):
+        raise SourceError(f"{path} is {file_kind(mode)}, not {RECORDING}")
+    try:
+        if stat.S_ISDIR(mode):
+            meta = ros2_metadata(path)
+            if meta.storage == "mcap":
+                return _Ros2Mcap(meta.files, meta.message_compression)
+            return Sqlite3Bag(meta)
+        return _Mcap(path) if suffix == ".mcap" else Ros1Bag(path)
+    except DrivePerceptError:
+        raise
+    except Exception as exc:  # any library's error at open: one line
+        raise SourceError(f"cannot read {path}: {type(exc).__name__}: {exc}"[:400]) from None

@@ -8,10 +8,13 @@ storage) and ROS 1 `.bag` files. Each image topic is a camera.
 * `RecordingReader(path, topic)`: one camera's frames in the order of their stamps, each
   stamped with its header stamp (else its log time), which is also its pts.
 
-The containers are read by `drivepercept.sources.containers` (`mcap`, `rosbags`); every
-camera reads the file on its own decoder thread.
-A message that does not decode is skipped and counted; a file cut short (no MCAP footer) gives
-the frames before the cut, then fails its cameras (`SourceError`, exit 3).
+The containers are read by `drivepercept.sources.containers` under the size limits of
+`drivepercept.sources.untrusted`; every camera reads the file on its own decoder thread (its
+index and metadata parsed once for all of them). A message that does not decode is skipped
+and counted (`undecodable`); so is a chunk that cannot be read (a bomb, a lying index, damage:
+`chunks_skipped`, its frames of the topic in `undecodable`), and the frames after it are read.
+A file cut short (no MCAP footer) gives the frames before the cut, then fails its cameras
+(`SourceError`, exit 3).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from drivepercept.errors import ConfigError
+from drivepercept.errors import ConfigError, RepeatedWarning
 from drivepercept.geometry import Intrinsics
 from drivepercept.rig import SIMULATED_MODEL, SIMULATOR, CameraConfig, safe_name
 from drivepercept.sources import rosimage
-from drivepercept.sources.containers import Topic, open_container
+from drivepercept.sources.containers import Container, open_container
+from drivepercept.sources.mcapread import CutShortError
 from drivepercept.sources.readers import (
     RawFrame,
     SourceError,
@@ -40,6 +44,7 @@ from drivepercept.types import ReaderStatus
 log = logging.getLogger(__name__)
 
 REORDER_WINDOW = 8  # messages held back so that a few out of stamp order are put right
+FIRST_TRIED = 32  # messages tried at open for a first frame that decodes (it gives the size)
 # the trailing parts of an image topic that say how it is encoded, not which camera it is
 _IMAGE_SUFFIXES = frozenset(
     {"compressed", "image_raw", "image_rect", "image_rect_color", "image_color", "image", "raw"}
@@ -47,11 +52,13 @@ _IMAGE_SUFFIXES = frozenset(
 
 
 def is_recording(path: str | Path) -> bool:
-    """An MCAP file, a ROS 1 bag, or a ROS 2 bag folder (one with `metadata.yaml`)."""
+    """Named as an MCAP file or a ROS 1 bag, or a folder with a `metadata.yaml` (a ROS 2
+    bag): what is read as a recording, and refused as one when it is not (a FIFO, a folder
+    named `x.mcap`, a metadata.yaml that is not a regular file)."""
     p = Path(path)
     if p.suffix.lower() in (".mcap", ".bag"):
         return True
-    return p.is_dir() and (p / "metadata.yaml").is_file()
+    return p.is_dir() and (p / "metadata.yaml").exists()
 
 
 # ------------------------------------------------------------------ cameras
@@ -78,60 +85,67 @@ def _info_topic(image_topic: str, infos: Sequence[str]) -> str | None:
     return None
 
 
-def image_topics(path: str | Path) -> tuple[list[Topic], list[Topic]]:
-    """(image topics, every topic) of a recording, image topics in file order."""
-    rec = open_container(Path(path))
-    try:
-        every = rec.topics()
-    finally:
-        rec.close()
-    return [t for t in every if t.msgtype in rosimage.IMAGE_TYPES], every
-
-
-def _first_infos(path: Path, topics: Sequence[str]) -> dict[str, Any]:
+def _first_infos(rec: Container, path: Path, topics: Sequence[str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    rec = open_container(path)
-    try:
-        for topic in topics:
-            try:
-                for _, _, decode in rec.messages(topic):
-                    found[topic] = decode()
-                    break
-            except Exception as exc:  # a damaged calibration: the camera goes without
-                log.warning("%s: cannot read %s: %s", path, topic, exc)
-    finally:
-        rec.close()
+    for topic in topics:
+        try:
+            for _, _, decode in rec.messages(topic, lambda why, lost: None):
+                found[topic] = decode()
+                break
+        except Exception as exc:  # a damaged calibration: the camera goes without
+            log.warning("%s: cannot read %s: %s", path, topic, exc)
     return found
 
 
+def unique_names(names: Sequence[str]) -> list[str]:
+    """`names` with a repeated one numbered (`a_b`, `a_b_2`), each at most 64 characters."""
+    taken: set[str] = set()
+    out = []
+    for base in names:
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base[: 63 - len(str(n))]}_{n}"
+        taken.add(name)
+        out.append(name)
+    return out
+
+
 def recording_cameras(path: str | Path, *, topics: Sequence[str] = ()) -> list[CameraConfig]:
-    """The cameras of a recording: its image topics (or `topics`, picked and ordered).
+    """The cameras of a recording: its image topics (or `topics`, picked and ordered), named
+    after their topics (two topics that clean to one name: their whole names, else numbered).
 
     Raises:
         ConfigError: the recording has no image topic, or a topic asked for is not an image
             topic of it (the message lists the ones it has).
-        SourceError: the file cannot be read.
+        SourceError: the file is not a recording or cannot be read.
     """
     p = Path(path)
-    images, every = image_topics(p)
-    by_name = {t.name: t for t in images}
-    if not images:
-        listed = ", ".join(f"{t.name} ({t.msgtype})" for t in every) or "none"
-        raise ConfigError(f"{p} has no image topic; its topics: {listed}")
-    if topics:
-        missing = [t for t in topics if t not in by_name]
-        if missing:
-            raise ConfigError(
-                f"{p} has no image topic {', '.join(missing)}; its image topics: "
-                + ", ".join(by_name)
-            )
-        images = [by_name[t] for t in topics]
+    rec = open_container(p)  # once for its topics and calibrations
+    try:
+        every = rec.topics()
+        images = [t for t in every if t.msgtype in rosimage.IMAGE_TYPES]
+        by_name = {t.name: t for t in images}
+        if not images:
+            listed = ", ".join(f"{t.name} ({t.msgtype})" for t in every) or "none"
+            raise ConfigError(f"{p} has no image topic; its topics: {listed}")
+        if topics:
+            missing = [t for t in topics if t not in by_name]
+            if missing:
+                raise ConfigError(
+                    f"{p} has no image topic {', '.join(missing)}; its image topics: "
+                    + ", ".join(by_name)
+                )
+            images = [by_name[t] for t in topics]
+        info_topics = [t.name for t in every if t.msgtype in rosimage.CAMERA_INFO_TYPES]
+        pairs = {t.name: _info_topic(t.name, info_topics) for t in images}
+        infos = _first_infos(rec, p, sorted({v for v in pairs.values() if v}))
+    finally:
+        rec.close()
     names = [camera_name(t.name) for t in images]
     if len(set(names)) < len(names):  # two topics name one camera: their whole names
-        names = [safe_name(t.name) for t in images]
-    info_topics = [t.name for t in every if t.msgtype in rosimage.CAMERA_INFO_TYPES]
-    pairs = {t.name: _info_topic(t.name, info_topics) for t in images}
-    infos = _first_infos(p, sorted({v for v in pairs.values() if v}))
+        whole = [safe_name(t.name) for t in images]
+        names = whole if len(set(whole)) == len(whole) else unique_names(names)
     cams = []
     for name, topic in zip(names, images, strict=True):
         info = infos.get(pairs[topic.name] or "")
@@ -163,12 +177,16 @@ class RecordingReader:
     order right), each stamped with its header stamp, else its log time. A message that does
     not decode (a damaged CDR, a raw image of the wrong size) is skipped and counted in
     `undecodable`; a compressed image is decoded on first use, so a corrupt JPEG is counted
-    by the decoder thread. The first frame is read at open: it gives the size, and a raw
-    topic in an unsupported encoding fails here, before any thread starts.
+    by the decoder thread. A chunk of the container that cannot be read (over the size
+    limits, lying about its size, damaged) is skipped and counted in `chunks_skipped`, its
+    frames of this topic (as its index says, else one) in `undecodable`, and the frames after
+    it are read. The first frame that decodes gives the size at open (those before it are
+    skipped and counted); a raw topic in an unsupported encoding fails here, before any
+    thread starts.
 
     Raises:
-        SourceError: the recording or topic cannot be read, or its first image cannot be
-            used (an unsupported encoding).
+        SourceError: the recording or topic cannot be read, none of its first `FIRST_TRIED`
+            images decodes, or its first image is in an unsupported encoding.
     """
 
     def __init__(self, path: str | Path, topic: str) -> None:
@@ -176,26 +194,47 @@ class RecordingReader:
         self.topic = topic
         self._rec = open_container(self.path)
         self.undecodable = 0
+        self.chunks_skipped = 0  # chunks of the container that held (or may hold) the topic
         self._state = _FileState()
         self._pending: list[tuple[int, int, RawFrame]] = []
         self._order = itertools.count()
         self._exhausted = False
         self._error: SourceError | None = None
         self.frames_seen = 0  # frames given by `read`
+        self._skipped_log = RepeatedWarning(log)
+        self._damage_log = RepeatedWarning(log)
         try:
             count = next((t.count for t in self._rec.topics() if t.name == topic), None)
             if count is None:
                 raise SourceError(f"{self.path} has no topic {topic}")
-            self._messages = self._rec.messages(topic)
-            self._fill()
-            if not self._pending:
-                raise SourceError(f"{self.path}: topic {topic} holds no readable image")
-            first = self._pending[0][2]
-            height, width = first.image_bgr.shape[:2]  # a corrupt first image: SourceError
+            self._messages = self._rec.messages(topic, self._damaged)
+            width, height = self._first_size()
         except BaseException:
             self._rec.close()
             raise
         self.info = SourceInfo(width, height, self._rate(), count)
+
+    def _first_size(self) -> tuple[int, int]:
+        """(width, height) of the first frame that decodes; the ones before it (refused or
+        undecodable) are skipped and counted."""
+        last: Exception | None = None
+        for _ in range(FIRST_TRIED):
+            self._fill()
+            if not self._pending:
+                break
+            try:
+                height, width = self._pending[0][2].image_bgr.shape[:2]
+                return width, height
+            except Exception as exc:  # this frame refused or undecodable: the next one
+                heapq.heappop(self._pending)
+                self._skip(f"{type(exc).__name__}: {exc}")
+                last = exc
+        if last is None:
+            raise SourceError(f"{self.path}: topic {self.topic} holds no readable image")
+        raise SourceError(
+            f"{self.path}: topic {self.topic}: none of its first {self.undecodable} images "
+            f"can be used (the last: {last})"
+        )
 
     def _rate(self) -> float:
         """Frames per second from the first stamps (else the recording's span; else 10)."""
@@ -219,6 +258,8 @@ class RecordingReader:
                 log_time, typename, decode = next(self._messages)
             except StopIteration:
                 return None
+            except CutShortError as exc:
+                raise _DamagedError(str(exc)) from None
             except SourceError:
                 raise
             except Exception as exc:  # the container itself is damaged: nothing after it reads
@@ -244,7 +285,15 @@ class RecordingReader:
 
     def _skip(self, why: str) -> None:
         self.undecodable += 1
-        log.warning("%s %s: a message skipped: %s", self.path, self.topic, why[:200])
+        self._skipped_log.warn("%s %s: a message skipped: %s", self.path, self.topic, why[:200])
+
+    def _damaged(self, why: str, lost: int | None) -> None:
+        """A chunk that cannot be read, skipped: its frames of the topic (`lost`, None when
+        its index does not say: counted as one) are counted undecodable."""
+        self.chunks_skipped += 1
+        self.undecodable += 1 if lost is None else lost
+        said = "frames of it unknown, counted as one" if lost is None else f"{lost} frames of it"
+        self._damage_log.warn("%s %s: a %s (%s)", self.path, self.topic, why[:300], said)
 
     def _fill(self) -> None:
         """Read ahead to `REORDER_WINDOW` messages. A damaged or cut container found while
@@ -279,6 +328,8 @@ class RecordingReader:
 
     def close(self) -> None:
         self._pending = []
+        self._skipped_log.close()
+        self._damage_log.close()
         self._rec.close()
 
 
@@ -287,6 +338,8 @@ def read_attachment(path: str | Path, name: str) -> bytes | None:
     rec = open_container(Path(path))
     try:
         return rec.attachment(name)
+    except Exception as exc:  # a damaged attachment record
+        raise SourceError(f"{path}: cannot read its attachment {name}: {exc}") from None
     finally:
         rec.close()
 
