@@ -2,14 +2,16 @@
 
 A DRIVE is a rig file, a folder of camera files (its rig.toml when it has one, else every
 video in it is a camera named after its file), or a text file listing drives, one per line
-(blank lines and `#` comments skipped; relative paths are relative to the list). Only the
-existence of each path is checked here: a drive whose files are unreadable fails alone when it
-runs, so one corrupt drive never stops the planning of a thousand.
+(blank lines and `#` comments skipped; relative paths are relative to the list). Only that
+each path exists and is a regular file or a folder (not a FIFO, which would block, or a
+device such as /dev/null) is checked here: a drive whose files are unreadable fails alone
+when it runs, so one corrupt drive never stops the planning of a thousand.
 """
 
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,14 @@ class Drive:
             )
         if not self.sources:
             raise ConfigError(f"drive {self.name}: no source")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
 
 
 def _listed(path: Path) -> list[Path]:
@@ -94,7 +104,8 @@ def resolve_drives(items: Sequence[str | Path]) -> tuple[Drive, ...]:
     """DRIVE arguments -> drives, in order, each with a unique name (`_2`, `_3`, ... on a clash).
 
     Raises:
-        ConfigError: no drive, a path that does not exist, an unreadable drive list.
+        ConfigError: no drive, a path that does not exist or is neither a regular file nor a
+            folder (a FIFO, a device such as /dev/null), an unreadable drive list.
     """
     paths = _expand(items)
     if not paths:
@@ -103,6 +114,13 @@ def resolve_drives(items: Sequence[str | Path]) -> tuple[Drive, ...]:
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ConfigError(f"no such drive: {missing[0]}{more}")
+    for path in paths:  # a FIFO would block the planning, a device be read forever
+        mode = path.stat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ConfigError(
+                f"drive {path} is {_kind(mode)}: a drive is a rig file, a recording, a folder "
+                "of camera files or a list of drives"
+            )
     drives: list[Drive] = []
     taken: set[str] = set()
     for path in paths:
