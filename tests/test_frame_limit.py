@@ -1,0 +1,442 @@
+"""One frame-size limit, checked before decoding, for every source (issue 43).
+
+A 675-byte JPEG may declare 30000x30000 pixels (2.7 GB decoded), one junk byte after its
+APP0 segment made the old header check give up while libjpeg still decodes it, and OpenCV
+raises on 60000x60000 (which failed the whole camera). Here: the header readers read sizes
+as the decoders do, and such frames in an image folder, from a live camera and in a recorded
+drive are refused before decoding, counted as undecodable, and the run goes on (exit 3);
+the runs' peak memory is measured in a child process (marked slow).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from hostile import hostile_camera, huge_jpegs, jpeg, with_junk, with_size
+
+from drivepercept.errors import RepeatedWarning
+from drivepercept.sources import imagesize, rosimage
+from drivepercept.sources.imagesize import (
+    MAX_FRAME_BYTES,
+    encoded_size,
+    frame_refusal,
+    jpeg_size,
+    tiff_size,
+)
+from drivepercept.sources.readers import CorruptFrameError, ImageFolderReader, RawFrame, SourceError
+
+Cli = Callable[[list[str]], tuple[int, str]]
+PEAK_LIMIT = 1_500_000_000  # bytes: a decoded 30000x30000 frame alone is 2.7 GB
+T0_NS = 1_767_225_600 * 1_000_000_000
+
+
+def _encoded(ext: str, width: int = 64, height: int = 48, *params: int) -> bytes:
+    ok, data = cv2.imencode(ext, np.full((height, width, 3), 90, np.uint8), list(params))
+    assert ok
+    return data.tobytes()
+
+
+def _decodes(data: bytes) -> tuple[int, int] | None:
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    return None if image is None else (image.shape[1], image.shape[0])
+
+
+def _tiff(
+    width: int, height: int, *, big_endian: bool = False, bigtiff: bool = False,
+    samples: int = 3, bits: int = 8,
+) -> bytes:  # fmt: skip
+    """A TIFF header and first directory by hand: ImageWidth and ImageLength as LONGs,
+    SamplesPerPixel, BitsPerSample (its three values out of line)."""
+    order: Any = "big" if big_endian else "little"
+    word, count_size, entry_size = (8, 8, 20) if bigtiff else (4, 2, 12)
+
+    def n(value: int, size: int) -> bytes:
+        return value.to_bytes(size, order)
+
+    mark = (b"MM" if big_endian else b"II") + n(43 if bigtiff else 42, 2)
+    head = mark + (n(8, 2) + n(0, 2) + n(16, 8) if bigtiff else n(8, 4))
+    entries = [(256, 4, width), (257, 4, height), (258, 3, None), (277, 3, samples)]
+    bits_at = len(head) + count_size + len(entries) * entry_size + word
+    body = n(len(entries), count_size)
+    for tag, kind, value in entries:
+        if value is not None:
+            field = n(value, 2 if kind == 3 else 4)
+        else:  # three SHORTs: in the field itself when they fit (BigTIFF), else out of line
+            field = n(bits, 2) * 3 if bigtiff else n(bits_at, word)
+        body += n(tag, 2) + n(kind, 2) + n(3 if value is None else 1, word)
+        body += field + b"\0" * (word - len(field))
+    return head + body + n(0, word) + n(bits, 2) * 3
+
+
+# --------------------------------------------------------------------------- header readers
+
+
+def test_a_jpeg_size_is_read_where_libjpeg_reads_it() -> None:
+    small = jpeg()
+    app0_end = 4 + int.from_bytes(small[4:6], "big")
+    fill = small[:app0_end] + b"\xff\xff\xff" + small[app0_end:]  # fill bytes before a marker
+    stuffed = with_junk(small, b"\xff\x00\x12\xff\x00")  # FF 00 is data, skipped as junk
+    # junk, fill bytes and stuffed zeros between segments: libjpeg decodes each, and the
+    # header reader finds the size each time (the old reader gave up: None, then decoded)
+    for data in (small, with_junk(small), with_junk(small, b"junk" * 1000), fill, stuffed):
+        assert jpeg_size(data) == (64, 48) == _decodes(data)
+    assert jpeg_size(with_junk(with_size(small, 30000, 30000))) == (30000, 30000)
+    assert jpeg_size(memoryview(with_size(small, 60000, 60000))) == (60000, 60000)
+
+
+def test_a_jpeg_libjpeg_would_not_decode_has_no_size() -> None:
+    small = jpeg()
+    app0_end = 4 + int.from_bytes(small[4:6], "big")
+    sof = small.index(b"\xff\xc0")
+    sos = small.index(b"\xff\xda")
+    cases = {
+        "no SOI": b"\x00" + small,
+        "SOS before SOF": small[:app0_end] + small[sos:],
+        "EOI before SOF": small[:app0_end] + b"\xff\xd9" + small[app0_end:],
+        "SOF5 (unsupported)": small[:sof] + b"\xff\xc5" + small[sof + 2 :],
+        "unknown marker": small[:app0_end] + b"\xff\x02\x00\x04ab" + small[app0_end:],
+        "height 0 (DNL)": with_size(small, 64, 0),
+        "5 components": small[: sof + 9] + b"\x05" + small[sof + 10 :],
+        "cut inside the SOF": small[: sof + 6],
+        "cut before any marker": small[:app0_end],
+        "html": b"<html></html>",
+        "comments past MAX_SEGMENTS": b"\xff\xd8"
+        + b"\xff\xfe\x00\x02" * (imagesize.MAX_SEGMENTS + 1)
+        + small[2:],
+    }
+    for name, data in cases.items():
+        assert jpeg_size(data) is None, name
+    assert _decodes(cases["SOS before SOF"]) is None  # as libjpeg: no picture
+    assert frame_refusal(cases["SOF5 (unsupported)"]) is not None
+
+
+def test_a_long_junk_run_is_walked_in_c_time() -> None:
+    junk = b"\xff\xd8" + b"\x00\xff\x00" * (3 << 20) + jpeg()[2:]  # 9 MiB between SOI and APP0
+    started = time.process_time()
+    assert jpeg_size(junk) == (64, 48)
+    assert jpeg_size(b"\xff\xd8" + b"\xff" * (8 << 20)) is None
+    assert time.process_time() - started < 2.0
+
+
+def test_png_bmp_webp_and_tiff_sizes_come_from_their_headers() -> None:
+    # given the formats OpenCV writes: each size read from its header
+    for ext, params in [
+        (".png", ()), (".bmp", ()), (".tiff", ()), (".webp", ()),
+        (".webp", (cv2.IMWRITE_WEBP_QUALITY, 101)),  # lossless: VP8L
+    ]:  # fmt: skip
+        data = _encoded(ext, 64, 48, *params)
+        assert encoded_size(data) == (64, 48) == _decodes(data), (ext, params)
+    # a PNG whose IHDR says 9000x9000, cut short, or whose first chunk is not IHDR
+    png = bytearray(_encoded(".png"))
+    png[16:24] = (9000).to_bytes(4, "big") * 2
+    assert encoded_size(bytes(png)) == (9000, 9000)
+    assert encoded_size(bytes(png[:20])) is None
+    assert encoded_size(bytes(png[:12]) + b"tEXt" + bytes(png[16:])) is None
+    # a top-down BMP (negative height); the 12-byte OS/2 header is not read
+    bmp = bytearray(_encoded(".bmp"))
+    bmp[22:26] = (-48).to_bytes(4, "little", signed=True)
+    assert encoded_size(bytes(bmp)) == (64, 48)
+    bmp[14:18] = (12).to_bytes(4, "little")
+    assert encoded_size(bytes(bmp)) is None
+    # an extended WebP (VP8X): its canvas
+    vp8x = b"RIFF\x00\x00\x00\x00WEBPVP8X\x0a\x00\x00\x00\x00\x00\x00\x00"
+    assert encoded_size(vp8x + (29999).to_bytes(3, "little") * 2) == (30000, 30000)
+    # GIF, PNM: not read, so refused
+    assert encoded_size(b"GIF89a\x40\x00\x30\x00") is None
+    assert frame_refusal(b"P6\n64 48\n255\n" + b"\0" * 9216) is not None
+
+
+def test_tiff_sizes_in_both_byte_orders_classic_and_bigtiff() -> None:
+    for big_endian in (False, True):
+        for bigtiff in (False, True):
+            data = _tiff(30000, 20000, big_endian=big_endian, bigtiff=bigtiff)
+            assert tiff_size(data) == (30000, 20000), (big_endian, bigtiff)
+    assert _decodes(_encoded(".tiff")) == tiff_size(_encoded(".tiff")) == (64, 48)
+    # the directory outside the data, or a cut one
+    data = _tiff(64, 48)
+    assert tiff_size(data[:4] + (10**6).to_bytes(4, "little") + data[8:]) is None
+    assert tiff_size(data[:20]) is None
+    # pixels widened beyond a frame's in memory: 5 samples, or 32 bits a sample
+    assert tiff_size(_tiff(64, 48, samples=4, bits=16)) == (64, 48)
+    assert tiff_size(_tiff(64, 48, samples=5)) is None
+    assert tiff_size(_tiff(64, 48, bits=32, big_endian=True)) is None
+
+
+def test_frame_refusal_says_why() -> None:
+    assert frame_refusal(jpeg()) is None
+    assert "30000x30000 pixels, larger than the 8192x8192" in str(
+        frame_refusal(with_junk(with_size(jpeg(), 30000, 30000)))
+    )
+    assert "cannot be read from its header" in str(frame_refusal(b"\xff\xd8 not a jpeg"))
+    assert "more than the" in str(frame_refusal(memoryview(bytes(MAX_FRAME_BYTES + 1))))
+
+
+def test_a_repeated_warning_is_said_a_few_times_then_with_its_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("test.repeated")
+    warning = RepeatedWarning(log, first=3, every_s=0.2)
+    with caplog.at_level(logging.WARNING, logger="test.repeated"):
+        for k in range(10):
+            warning.warn("frame %d skipped", k)
+        said = [r.getMessage() for r in caplog.records]
+        assert said[:2] == ["frame 0 skipped", "frame 1 skipped"] and len(said) == 3
+        assert said[2] == "frame 2 skipped (more like it: one line every 0.2 s)"
+        time.sleep(0.25)
+        warning.warn("frame %d skipped", 10)
+        assert caplog.records[-1].getMessage() == "frame 10 skipped (7 more like it since)"
+        warning.warn("frame %d skipped", 11)
+        warning.warn("frame %d skipped", 12)
+        warning.close()
+        warning.close()  # says nothing more
+    said = [r.getMessage() for r in caplog.records]
+    assert said[4:] == ["frame 12 skipped (2 more like it not logged, this the last)"]
+    assert warning.count == 13
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def test_an_encoded_frame_over_the_limit_is_refused_before_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decoded: list[int] = []
+    real = cv2.imdecode
+
+    def counted(buf: Any, flags: int) -> Any:
+        decoded.append(len(buf))
+        return real(buf, flags)
+
+    monkeypatch.setattr(cv2, "imdecode", counted)
+    for name, data in huge_jpegs().items():
+        with pytest.raises(CorruptFrameError, match=r"refused before decoding: .* pixels"):
+            RawFrame(None, 0.0, 0, jpeg=data).image_bgr  # noqa: B018 (the property decodes)
+        assert decoded == [], name
+    assert RawFrame(None, 0.0, 0, jpeg=jpeg()).image_bgr.shape == (48, 64, 3)
+    assert decoded == [len(jpeg())]
+
+    # and an error OpenCV raises while decoding is one corrupt frame, not an exception
+    def raising(buf: Any, flags: int) -> None:
+        raise cv2.error("pixels <= CV_IO_MAX_IMAGE_PIXELS")
+
+    monkeypatch.setattr(cv2, "imdecode", raising)
+    with pytest.raises(CorruptFrameError, match="OpenCV refused to decode it"):
+        RawFrame(None, 0.0, 0, jpeg=jpeg()).image_bgr  # noqa: B018
+
+
+class _Untouchable:
+    """Image data that fails the test if anything reads it (only its length is known)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        raise AssertionError("the data was read")
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "step", "encoding", "size", "why"),
+    [
+        (20000, 20000, 60000, "rgb8", 1_200_000_000, "more than the"),
+        (9000, 9000, 9000, "mono8", 81_000_000, "9000x9000 pixels"),
+        (640, 480, 1_000_000, "rgb8", 480_000_000, "more than the"),
+        (640, 480, 640 * 3 + 4097, "rgb8", 480 * 6017, "at most 4096 of padding"),
+        (8000, 8000, 8000 * 4 + 4096, "bgra8", 1000, "rows of 36096 bytes"),
+        (640, 480, 100, "rgb8", 480 * 100, "rows of 100 bytes"),
+    ],
+)
+def test_a_raw_image_is_refused_by_its_fields_before_its_data_is_read(
+    width: int, height: int, step: int, encoding: str, size: int, why: str
+) -> None:
+    msg = {"width": width, "height": height, "step": step, "encoding": encoding}
+    msg["data"] = _Untouchable(size)
+    with pytest.raises(CorruptFrameError, match=why):
+        rosimage.to_frame(msg, "sensor_msgs/msg/Image", log_time_ns=1, arrived_ns=1)
+
+
+def test_a_compressed_message_over_the_limit_is_refused_as_it_is_read() -> None:
+    for data in huge_jpegs().values():
+        msg = {"data": np.frombuffer(data, np.uint8)}
+        with pytest.raises(CorruptFrameError, match="refused before decoding"):
+            rosimage.to_frame(msg, "sensor_msgs/msg/CompressedImage", log_time_ns=1, arrived_ns=1)
+
+
+# --------------------------------------------------------------------------- image folders
+
+
+def _folder(root: Path) -> Path:
+    """Three good images (PNG, JPEG, TIFF) among refused ones, the first entry refused."""
+    folder = root / "images"
+    folder.mkdir()
+    huge = huge_jpegs()
+    (folder / "000.jpg").write_bytes(huge["30000x30000 junk"])
+    (folder / "001.png").write_bytes(_encoded(".png"))
+    (folder / "002.jpg").write_bytes(huge["30000x30000"])
+    (folder / "003.jpg").write_bytes(_encoded(".jpg"))
+    (folder / "004.jpg").write_bytes(huge["60000x60000"])
+    (folder / "005.tif").write_bytes(_encoded(".tiff"))
+    (folder / "006.tif").write_bytes(_tiff(30000, 30000))
+    return folder
+
+
+def test_an_image_folder_skips_and_counts_frames_over_the_limit_the_first_too(
+    tmp_path: Path,
+) -> None:
+    reader = ImageFolderReader(_folder(tmp_path), fps=10.0)
+    got = []
+    while (frame := reader.read()) is not None:
+        got.append((frame.image_bgr.shape, round(frame.pts_s, 3)))
+    reader.close()
+    # then the good ones come, with the times of their places in the folder
+    assert got == [((48, 64, 3), 0.1), ((48, 64, 3), 0.3), ((48, 64, 3), 0.5)]
+    assert reader.undecodable == 4 and (reader.info.width, reader.info.height) == (64, 48)
+
+
+def test_a_folder_with_no_usable_image_is_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "huge"
+    folder.mkdir()
+    for k, data in enumerate(huge_jpegs().values()):
+        (folder / f"{k}.jpg").write_bytes(data)
+    with pytest.raises(SourceError) as err:
+        ImageFolderReader(folder)
+    message = str(err.value)
+    assert message.startswith(f"no usable image in {folder}: {folder / '0.jpg'}: ")
+    assert "30000x30000 pixels" in message and message.endswith("(2 more skipped)")
+
+
+def _undecodable_run(err: str, out: Path, camera: str) -> dict[str, Any]:
+    """The one error line says the undecodable frames, no traceback, few warnings; the
+    camera's record."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("drivepercept")]
+    assert len(lines) == 1 and "undecodable frames skipped" in lines[0], err
+    assert len(err.splitlines()) < 12, err  # throttled: not a line a frame
+    record = json.loads((out / "run.json").read_text())
+    return dict(record["summary"]["cameras"][camera])
+
+
+def test_a_replayed_folder_refuses_the_huge_images_and_processes_the_rest(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    code, err = in_process(
+        ["replay", str(_folder(tmp_path)), "--model", "drivepercept-tiny", "--out",
+         str(tmp_path), "--name", "f", "--no-progress", "--no-report"]
+    )  # fmt: skip
+    assert code == 3, err
+    cam = _undecodable_run(err, tmp_path / "f", "images")
+    assert cam["frames"] == 3 and cam["frames_undecodable"] == 4
+
+
+# --------------------------------------------------------------------------- recordings
+
+
+def _drive(path: Path) -> Path:
+    """A one-camera MCAP: huge CompressedImages (the first message one of them) among good."""
+    pytest.importorskip("mcap")
+    from drivepercept.recording import messages as msgs
+    from drivepercept.recording.mcapfile import McapOut
+
+    huge = list(huge_jpegs().values())
+    png = bytearray(_encoded(".png"))
+    png[16:24] = (30000).to_bytes(4, "big") * 2
+    order = [huge[0], jpeg(), huge[1], jpeg(), huge[2], jpeg(), bytes(png), jpeg()]
+    with McapOut(path, profile="ros2") as out:
+        for k, data in enumerate(order):
+            stamp = T0_NS + k * 50_000_000
+            m = msgs.compressed_image(stamp, "front", "png" if data is png else "jpeg", data)
+            out.ros2("/front/image_raw/compressed", msgs.COMPRESSED_IMAGE, m, log_time_ns=stamp)
+    return path
+
+
+def test_a_replayed_drive_refuses_the_huge_messages_and_processes_the_rest(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    drive = _drive(tmp_path / "drive.mcap")
+    code, err = in_process(
+        ["replay", str(drive), "--model", "drivepercept-tiny", "--out", str(tmp_path),
+         "--name", "r", "--no-progress", "--no-report"]
+    )  # fmt: skip
+    assert code == 3, err
+    cam = _undecodable_run(err, tmp_path / "r", "front")
+    assert cam["frames"] == 4 and cam["frames_undecodable"] == 4
+
+
+# --------------------------------------------------------------------------- live and memory
+
+_PEAK = """
+import logging, os, resource, sys
+from drivepercept.cli import main
+code = main(sys.argv[2:])
+logging.shutdown()
+with open(sys.argv[1], "w") as f:
+    f.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)
+"""
+
+
+def _cli_peak(tmp_path: Path, *args: str, timeout_s: float = 120.0) -> tuple[int, str, int]:
+    """`drivepercept ARGS` in a child: (exit code, stderr, its peak resident bytes)."""
+    peak = tmp_path / "peak"
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(peak), *args],
+        capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+    return proc.returncode, proc.stderr, int(peak.read_text())
+
+
+def _live_args(url: str, out: Path) -> list[str]:
+    return [
+        "live", "--model", "drivepercept-tiny", f"--camera=cam={url}", "--out", str(out),
+        "--name", "live", "--no-progress", "--no-report", "--read-timeout-s", "1",
+        "--open-timeout-s", "2", "--duration", "4",
+    ]  # fmt: skip
+
+
+def test_a_live_camera_sending_huge_frames_among_good_ones_goes_on(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given a camera that sends, in turn, 30000^2, 30000^2 with a junk byte, 60000^2, good
+    with hostile_camera("huge_among_good") as camera:
+        code, err = in_process(_live_args(camera.url, tmp_path))
+        connections = camera.connections
+    # then the huge ones were refused and counted, the good ones processed, on one connection
+    assert code == 3, err
+    cam = _undecodable_run(err, tmp_path / "live", "cam")
+    assert cam["frames"] > 0 and cam["frames_undecodable"] >= 3 * (cam["frames"] - 1)
+    assert connections == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["folder", "drive", "live"])
+def test_huge_frames_never_take_the_memory_decoding_them_would(source: str, tmp_path: Path) -> None:
+    # given huge frames among good ones, from each kind of source, run in a child process
+    out = tmp_path / "out"
+    if source == "live":
+        with hostile_camera("huge_among_good") as camera:
+            code, err, peak = _cli_peak(tmp_path, *_live_args(camera.url, out))
+        name, camera_name = "live", "cam"
+    else:
+        given = _folder(tmp_path) if source == "folder" else _drive(tmp_path / "drive.mcap")
+        args = ["replay", str(given), "--model", "drivepercept-tiny", "--out", str(out)]
+        code, err, peak = _cli_peak(tmp_path, *args, "--name", "r", "--no-progress")
+        name, camera_name = "r", "images" if source == "folder" else "front"
+    # then the run went on (exit 3, counted), and its peak stayed far below one decoded frame
+    print(f"{source}: peak RSS {peak / 2**20:.0f} MiB, exit {code}")
+    assert code == 3, err
+    assert _undecodable_run(err, out / name, camera_name)["frames_undecodable"] >= 3
+    assert peak < PEAK_LIMIT, peak
