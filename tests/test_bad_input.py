@@ -29,6 +29,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from hostile import huge_jpegs
 from torchvision.models.detection import ssdlite320_mobilenet_v3_large
 
 from drivepercept.bench.compare import bench
@@ -138,8 +139,10 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _video(d / "wide.avi", 1, (8256, 32))  # wider than any camera frame may be
     (d / "empty.mp4").write_bytes(b"")
     (d / "notvideo.mp4").write_text("this is not a video\n" * 50)
-    for folder in ("emptydir", "pngs", "huge"):
+    for folder in ("emptydir", "pngs", "huge", "hugejpegs"):
         (d / folder).mkdir()
+    for i, data in enumerate(huge_jpegs().values()):  # 30000^2 (one with a junk byte), 60000^2
+        (d / "hugejpegs" / f"{i:03d}.jpg").write_bytes(data)
     for i in range(2):
         cv2.imwrite(str(d / "pngs" / f"{i:03d}.png"), np.zeros((48, 64, 3), np.uint8))
     _coco(d / "pngs.json", ["000.png", "001.png"], (64, 48))
@@ -234,7 +237,10 @@ CLI_CASES = [
     case("replay-text-as-video", "replay {d}/notvideo.mp4 {replay}", 2, "not a video", "{d}/notvideo.mp4"),
     case("replay-zero-frames", "replay {d}/zero.avi {replay}", 4, "no camera delivered a frame", "zero"),
     case("replay-huge-video", "replay {d}/wide.avi {replay}", 2, "8256x32 pixels", "{d}/wide.avi"),
-    case("replay-huge-image", "replay {d}/huge {replay}", 2, "9000x9000 pixels", "{d}/huge/000.png"),
+    # a folder none of whose images is usable (one too large is skipped and counted, and the
+    # run goes on with the others: tests/test_frame_limit.py)
+    case("replay-huge-image", "replay {d}/huge {replay}", 2, "no usable image in {d}/huge:", "9000x9000 pixels", "{d}/huge/000.png"),
+    case("replay-huge-jpegs", "replay {d}/hugejpegs {replay}", 2, "no usable image in {d}/hugejpegs:", "30000x30000 pixels", "(2 more skipped)"),
     case("replay-empty-folder", "replay {d}/emptydir {replay}", 2, "no images", "{d}/emptydir"),
     case("replay-no-source", "replay {replay}", 2, "give at least one SOURCE"),
     # replay: settings and flags
