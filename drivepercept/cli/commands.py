@@ -80,6 +80,7 @@ def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
         if formats
         else (),
         budget_ms=float(settings.get("budget_ms", reports.DEFAULT_BUDGET_MS)),
+        max_gap_s=float(settings.get("max_gap_s", jobs.DEFAULT_MAX_GAP_S)),
         duration_s=flag("duration"),
         reconnect=jobs.ReconnectPolicy(**reconnect),
         metrics_port=flag("metrics_port"),

@@ -152,6 +152,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         ("--open-timeout-s", real, "live: how long one connection attempt may take (5)"),
         ("--read-timeout-s", real, "live: a stream silent this long is lost (2)"),
         ("--max-part-mb", real, "live: the largest MJPEG frame accepted, MiB (8)"),
+        ("--max-gap-s", real, "--realtime: longest wait for a file's next frame (10)"),
         ("--track", "const", "track objects per camera and across the rig (objects.jsonl)"),
         ("--topics", str, "recorded drive (.mcap, .bag): image topics to read, comma-separated"),
         ("--mcap", Path, "also write the results as an MCAP file (Foxglove)"),

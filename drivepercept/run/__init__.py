@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from drivepercept.run.export import export_model as export_model
     from drivepercept.run.job import RunResult as RunResult
     from drivepercept.run.job import run as run
+    from drivepercept.run.options import DEFAULT_MAX_GAP_S as DEFAULT_MAX_GAP_S
     from drivepercept.run.options import DEFAULT_MODEL as DEFAULT_MODEL
     from drivepercept.run.options import ONNX_KEYS as ONNX_KEYS
     from drivepercept.run.options import PIPELINE_KEYS as PIPELINE_KEYS

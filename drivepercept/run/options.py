@@ -17,6 +17,7 @@ from drivepercept.errors import ConfigError
 from drivepercept.geometry import parse_input_size
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml, rig_model
+from drivepercept.sources.pacing import DEFAULT_MAX_GAP_S, MAX_GAP_LIMIT_S
 from drivepercept.types import CLASS_CHOICES, RUNTIMES, Pacing
 
 if TYPE_CHECKING:  # the sink loads OpenCV: options (and `drivepercept --help`) do not need it
@@ -30,8 +31,9 @@ ONNX_KEYS = ("onnx_layout", "onnx_batch", "trt_cache")
 RUN_KEYS = frozenset(
     {"model", "weights", "classes", "input_size", "out", "name", "save_video", "mosaic"}
     | {"budget_ms", "weights_dir", "weights_mirror", *ONNX_KEYS, "runtime", "onnx_cache"}
-    | {"topics", "mcap", "mcap_images", "track"}
+    | {"topics", "mcap", "mcap_images", "track", "max_gap_s"}
 )
+MAX_LINGER_S = 3600.0  # --metrics-linger-s at most: an hour
 # settings a front end takes from the environment (`environment_settings`)
 ENVIRONMENT = {
     "weights_dir": "DRIVEPERCEPT_WEIGHTS_DIR",
@@ -68,6 +70,7 @@ _KINDS: dict[str, _Kind] = {
     **dict.fromkeys(RUN_KEYS, _TYPES["str"]),
     **dict.fromkeys(("save_video", "mosaic", "mcap_images", "track"), _TYPES["bool"]),
     "budget_ms": _TYPES["float"],
+    "max_gap_s": _TYPES["float"],
     "input_size": ("WIDTHxHEIGHT or [width, height]", (str, list)),
     "report": ("a string or a list of strings", (str, list)),
     "sources": ("a list of strings", list),
@@ -229,6 +232,10 @@ class RunOptions(ModelOptions):
         rerun: stream to a Rerun viewer (`RerunTarget`: spawned, connected to, or saved).
         track: track objects per camera and, where the rig has geometry, across cameras
             (`drivepercept.tracking`): ids in detections.jsonl, objects in objects.jsonl.
+        max_gap_s: real-time replay: the longest a file's camera waits for its next frame (a
+            longer gap in its stamps is skipped over, said and counted), and how far apart
+            the first stamps of a recording's cameras may be and still play in step
+            (`drivepercept.sources.pacing`).
     """
 
     sources: tuple[str, ...]
@@ -251,6 +258,7 @@ class RunOptions(ModelOptions):
     mcap_images: bool = False
     rerun: RerunTarget | None = None
     track: bool = False
+    max_gap_s: float = DEFAULT_MAX_GAP_S
 
     def __post_init__(self) -> None:
         try:
@@ -301,8 +309,16 @@ class RunOptions(ModelOptions):
             object.__setattr__(self, "mcap", Path(self.mcap))
         elif self.mcap_images:
             raise ConfigError("--mcap-images adds the images to an MCAP file: give --mcap FILE")
-        if not (math.isfinite(self.metrics_linger_s) and self.metrics_linger_s >= 0):
-            raise ConfigError(f"metrics linger must be >= 0 s, got {self.metrics_linger_s:g}")
+        if not (
+            math.isfinite(self.metrics_linger_s) and 0 <= self.metrics_linger_s <= MAX_LINGER_S
+        ):
+            raise ConfigError(
+                f"metrics linger must be 0..{MAX_LINGER_S:g} s, got {self.metrics_linger_s:g}"
+            )
+        if not (math.isfinite(self.max_gap_s) and 0 < self.max_gap_s <= MAX_GAP_LIMIT_S):
+            raise ConfigError(
+                f"max gap must be > 0 and <= {MAX_GAP_LIMIT_S:g} s, got {self.max_gap_s:g}"
+            )
         if not (math.isfinite(self.budget_ms) and self.budget_ms > 0):
             raise ConfigError(f"budget must be > 0 ms, got {self.budget_ms:g}")
         bad = [f for f in self.report_formats if f not in FORMATS]

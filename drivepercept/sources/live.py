@@ -18,6 +18,7 @@ its native frame rate.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -29,6 +30,7 @@ from drivepercept.config import ReconnectPolicy
 from drivepercept.errors import redact
 from drivepercept.rig import is_device, is_stream
 from drivepercept.sources.capture import open_live_reader
+from drivepercept.sources.pacing import CameraPace, PaceClock
 from drivepercept.sources.readers import (
     FrameReader,
     RawFrame,
@@ -49,27 +51,6 @@ STABLE_S = 5.0
 _STOP_POLL_S = 0.05  # how often a connection attempt in progress looks at the stop event
 
 
-class PaceClock:
-    """The time origins of a real-time replay, one per clock: a source's first frame read
-    falls due now, and each of its frames at that origin plus its time since that first
-    frame (its recorded stamp, else its pts). The cameras of one recording share its clock
-    (`key`: the recording), so they play in step, paired by real time, however their first
-    frames are stamped; sources with clocks of their own (a video file's pts from 0, another
-    recording's stamps) each start when they start. Thread-safe: each camera's decoder
-    thread asks it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._origins: dict[str, tuple[int, int]] = {}  # key -> (monotonic ns, frame ns)
-
-    def due_ns(self, key: str, frame_ns: int, now_ns: int) -> int:
-        """When a frame of clock `key` whose own time is `frame_ns` falls due on the
-        monotonic clock."""
-        with self._lock:
-            mono, first = self._origins.setdefault(key, (now_ns, frame_ns))
-        return mono + (frame_ns - first)
-
-
 class LiveSource:
     """A camera that reconnects (see the module docstring). Thread use: `read()` and `close()`
     on the camera's decoder thread; `state`, `changes()` and `downtime_s()` from any thread.
@@ -82,7 +63,8 @@ class LiveSource:
         realtime: pace a file source at its native frame rate (for real-time replay).
         opener: makes one connection attempt (tests pass a stand-in; a recording's topic
             reader for a camera of a bag).
-        clock: the rig's shared pace (real-time replay); by default the camera's own.
+        clock: the rig's shared pace (real-time replay); by default the camera's own. The
+            camera plays on its source's clock (`pace.key`), unless told otherwise.
 
     Raises:
         SourceError: a file source that cannot be opened, or a /dev path that does not exist
@@ -111,7 +93,8 @@ class LiveSource:
         self._lock = threading.Lock()
         self._changes: deque[StateChange] = deque(maxlen=MAX_CHANGES)
         self._reader: FrameReader | None = None
-        self._clock = clock or PaceClock()
+        self.pace = CameraPace(clock or PaceClock(), key=source, camera=camera)
+        self._held: RawFrame | None = None  # a file's first frame, read early (`first_stamp_ns`)
         self.info = SourceInfo(0, 0, 0.0, -1)
         self.connects = 0
         self.failed_attempts = 0  # opens that failed, and connections that gave no frame
@@ -268,14 +251,22 @@ class LiveSource:
             f"attempt {self._failures} failed: {reason}; retry in {delay:g} s",
         )
 
+    def first_stamp_ns(self) -> int | None:
+        """The recorded stamp of a file source's first frame (None without one), read now
+        and kept for `read`: the cameras of a recording are put on clocks by their first
+        stamps before any thread starts (`drivepercept.sources.pacing.plan_clocks`)."""
+        if self._held is None and self._reader is not None and not self.live:
+            self._held = self._reader.read()
+        return self._held.stamp_ns if self._held is not None else None
+
     def _pace(self, frame: RawFrame) -> int | None:
         """Wait until the frame falls due (real-time replay): its recorded stamp where it has
         one, else its pts; its due time on the monotonic clock (ns), or None if stopped
-        meanwhile."""
+        meanwhile. The wait is bounded (`CameraPace`: at most the clock's max gap)."""
         now = time.monotonic_ns()
-        frame_ns = frame.stamp_ns if frame.stamp_ns is not None else round(frame.pts_s * 1e9)
-        due = self._clock.due_ns(self.source, frame_ns, now)
-        if due > now and self.stop.wait((due - now) / 1e9):
+        frame_ns = frame.stamp_ns if frame.stamp_ns is not None else _pts_ns(frame.pts_s)
+        due = self.pace.due_ns(frame_ns, now)
+        if due > now and self.stop.wait(min((due - now) / 1e9, threading.TIMEOUT_MAX)):
             return None
         return due
 
@@ -285,7 +276,7 @@ class LiveSource:
                 if not self.live or not self._connect():
                     return None
                 continue
-            got = self._reader.read()
+            got, self._held = self._held or self._reader.read(), None
             if got is not None:
                 if self.realtime and not self.live:
                     due_ns = self._pace(got)
@@ -331,6 +322,8 @@ class LiveSource:
         return not self.stop.wait(delay)
 
     def close(self) -> None:
+        self._held = None
+        self.pace.close()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -397,6 +390,12 @@ class Totals:
     def seconds(self) -> tuple[float, float, float]:
         """(down, outage, streaming) in seconds."""
         return self.down_ns / 1e9, self.outage_ns / 1e9, self.streaming_ns / 1e9
+
+
+def _pts_ns(pts_s: float) -> int | None:
+    """A pts in ns; None where a file's pts is not a finite number (the frame plays now)."""
+    pts_ns = pts_s * 1e9
+    return round(pts_ns) if math.isfinite(pts_ns) else None
 
 
 def totals(changes: Sequence[StateChange], now_ns: int) -> Totals:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,9 +11,12 @@ from pathlib import Path
 from drivepercept.config import ReconnectPolicy
 from drivepercept.rig import CameraConfig, camera_source, resolve_cameras
 from drivepercept.sources.capture import open_live_reader
-from drivepercept.sources.live import LiveSource, PaceClock
+from drivepercept.sources.live import LiveSource
+from drivepercept.sources.pacing import DEFAULT_MAX_GAP_S, PaceClock, plan_clocks
 from drivepercept.sources.readers import FrameReader, decode_threads, open_reader
 from drivepercept.types import Pacing
+
+log = logging.getLogger(__name__)
 
 
 def resolve_sources(
@@ -66,6 +70,7 @@ def open_cameras(
     pacing: Pacing,
     policy: ReconnectPolicy,
     stop: threading.Event,
+    max_gap_s: float = DEFAULT_MAX_GAP_S,
 ) -> list[FrameReader]:
     """Every camera's reader, opened on this thread so that a bad file fails here, with a
     clear error, before any thread starts.
@@ -73,40 +78,59 @@ def open_cameras(
     `Pacing.AS_FAST_AS_POSSIBLE` (replay): each file, image folder or recorded topic as fast
     as it decodes. `PACED` and `LIVE`: reconnecting `LiveSource`s; a file among them plays at
     its own frame rate (a recorded topic at its stamps), on one `PaceClock` so that the
-    cameras of one recording play in step, and a device or stream connects on its decoder thread (a
-    failure there is a state, not an exception). `LIVE` reads a camera's live source where
-    it has one, not its recorded video. Video files decode on `decode_threads` FFmpeg
-    threads each.
+    cameras of one recording play in step (those whose first stamps are more than `max_gap_s`
+    from the others' on clocks of their own, said in a warning; no camera waits longer than
+    `max_gap_s` for its next frame: `drivepercept.sources.pacing`), and a device or stream
+    connects on its decoder thread (a failure there is a state, not an exception). `LIVE`
+    reads a camera's live source where it has one, not its recorded video. Video files decode
+    on `decode_threads` FFmpeg threads each.
     """
     live = pacing is Pacing.LIVE
     threads = decode_threads(len(cams))
-    clock = PaceClock()
+    clock = PaceClock(max_gap_s=max_gap_s)
     readers: list[FrameReader] = []
+    recorded_sources: dict[str, list[LiveSource]] = {}  # recording -> its paced cameras
     try:
         for cam in cams:
             source = camera_source(cam, live=live)
             if pacing.paced:
                 recorded = cam.topic is not None and not (live and cam.source is not None)
-                readers.append(
-                    LiveSource(
-                        camera=cam.name,
-                        source=source,
-                        policy=policy,
-                        stop=stop,
-                        realtime=True,
-                        clock=clock,
-                        opener=functools.partial(_open_topic, cam, threads)
-                        if recorded
-                        else functools.partial(open_live_reader, threads=threads),
-                    )
+                paced = LiveSource(
+                    camera=cam.name,
+                    source=source,
+                    policy=policy,
+                    stop=stop,
+                    realtime=True,
+                    clock=clock,
+                    opener=functools.partial(_open_topic, cam, threads)
+                    if recorded
+                    else functools.partial(open_live_reader, threads=threads),
                 )
+                readers.append(paced)
+                if recorded:
+                    recorded_sources.setdefault(source, []).append(paced)
             else:
                 readers.append(_open_file(cam, source, threads))
+        for source, cameras in recorded_sources.items():
+            _put_on_clocks(source, cameras, clock)
     except BaseException:
         for r in readers:
             r.close()
         raise
     return readers
+
+
+def _put_on_clocks(source: str, cameras: list[LiveSource], clock: PaceClock) -> None:
+    """The cameras of recording `source` on its clock, from the earliest first stamp, or on
+    clocks of their own where their first stamps are far from the others' (one warning)."""
+    firsts = {c.camera: s for c in cameras if (s := c.first_stamp_ns()) is not None}
+    plan, said = plan_clocks(source, firsts, max_apart_ns=clock.max_gap_ns)
+    if said:
+        log.warning("%s", said)
+    for cam in cameras:
+        if cam.camera in plan:
+            cam.pace.key, origin = plan[cam.camera]
+            clock.start(cam.pace.key, origin)
 
 
 __all__ = ["open_cameras", "resolve_sources"]

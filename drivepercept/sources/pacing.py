@@ -1,0 +1,189 @@
+"""The clocks of a real-time replay: when each recorded frame falls due, and what a replay does
+with stamps that cannot be honoured.
+
+A file replayed in real time plays its frames at their own times (a recorded stamp, else the
+pts) from when it starts. The cameras of one recording share one clock, so they play in step;
+a recording's stamps are untrusted, though, and two things could stall or flood the replay:
+
+* **Cameras whose clocks are far apart** (one camera stamped in 1970, another in 2024): on one
+  clock, the later camera would wait 54 years for its first frame, or the earlier one would
+  fall 54 years behind. The cameras of a recording are grouped by their first stamps
+  (`clock_groups`): the largest group keeps the recording's clock, each other group plays on
+  a clock of its own from when the replay starts, and one warning says so and by how much.
+* **A stamp that jumps far ahead** (10^9 s) within a camera: the wait for its next frame is
+  capped at `max_gap_s`; the rest of the gap is skipped over (the camera's later frames come
+  that much earlier), counted, and said in a warning (`CameraPace`).
+
+Waits are therefore bounded by `max_gap_s` (at most `MAX_GAP_LIMIT_S`), and a wait never
+reaches `threading.TIMEOUT_MAX`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Mapping
+
+from drivepercept.errors import RepeatedWarning
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_GAP_S = 10.0
+MAX_GAP_LIMIT_S = 86_400.0  # --max-gap-s at most: a day
+NOTICE_S = 5.0  # a wait longer than this is said, even within max_gap_s
+
+
+def span_words(seconds: float) -> str:
+    """A duration a person reads at a glance: 12.3 s, 4.5 min, 3.2 h, 5.1 days, 54.0 years."""
+    s = abs(seconds)
+    for unit, size in (("years", 365.25 * 86_400), ("days", 86_400), ("h", 3_600), ("min", 60)):
+        if s >= size:
+            return f"{s / size:.1f} {unit}"
+    return f"{s:.1f} s"
+
+
+class PaceClock:
+    """The time origins of a real-time replay, one per clock: a clock's first frame falls due
+    when the first of its frames is asked for (or, where `start` gave it one, the frame
+    stamped with its origin then), and each frame at that origin plus its time since. The
+    cameras of one recording share its clock (`key`: the recording), so they play in step,
+    paired by real time; sources with clocks of their own (a video file's pts from 0,
+    another recording's stamps) each start when they start. Thread-safe: each camera's
+    decoder thread asks it.
+
+    Args:
+        max_gap_s: the longest a camera waits for its next frame (`CameraPace`); also how far
+            apart the first stamps of a recording's cameras may be and still share its clock.
+    """
+
+    def __init__(self, *, max_gap_s: float = DEFAULT_MAX_GAP_S) -> None:
+        if not (math.isfinite(max_gap_s) and 0 < max_gap_s <= MAX_GAP_LIMIT_S):
+            raise ValueError(f"max_gap_s must be in (0, {MAX_GAP_LIMIT_S:g}], got {max_gap_s}")
+        self.max_gap_ns = round(max_gap_s * 1e9)
+        self._lock = threading.Lock()
+        self._origins: dict[str, tuple[int, int]] = {}  # key -> (monotonic ns, frame ns)
+        self._starts: dict[str, int] = {}  # key -> the frame time its origin is (`start`)
+
+    def start(self, key: str, first_ns: int) -> None:
+        """Give clock `key` its origin stamp before any frame is read: the earliest first
+        stamp of the cameras on it, so the camera that starts first plays first, whichever
+        camera's thread asks first."""
+        with self._lock:
+            self._starts.setdefault(key, first_ns)
+
+    def due_ns(self, key: str, frame_ns: int, now_ns: int) -> int:
+        """When a frame of clock `key` whose own time is `frame_ns` falls due on the
+        monotonic clock."""
+        with self._lock:
+            if key not in self._origins:
+                self._origins[key] = (now_ns, self._starts.get(key, frame_ns))
+            mono, first = self._origins[key]
+        return mono + (frame_ns - first)
+
+
+class CameraPace:
+    """One camera's place on a `PaceClock`: its clock (`key`), and the gaps in its stamps
+    skipped so far. Used by the camera's decoder thread only.
+
+    A frame due more than the clock's `max_gap_ns` from now is brought forward so that it
+    falls due `max_gap_ns` after the camera's previous frame (after now, for a first frame):
+    the camera's later frames come that much earlier too (`skipped_ns`). Measured from the
+    previous frame's due time, not from now, so the cameras of one clock whose stamps jump
+    together skip the same amount and stay in step.
+    """
+
+    def __init__(self, clock: PaceClock, *, key: str, camera: str) -> None:
+        self.clock = clock
+        self.key = key
+        self.camera = camera
+        self.skipped_ns = 0
+        self.gaps_skipped = 0
+        self._last_due: int | None = None
+        self._warning = RepeatedWarning(log)
+
+    def due_ns(self, frame_ns: int | None, now_ns: int) -> int:
+        """When the frame whose own time is `frame_ns` falls due (now for a frame without
+        one), with long gaps skipped (the class docstring)."""
+        if frame_ns is None:
+            due = now_ns
+        else:
+            due = self.clock.due_ns(self.key, frame_ns, now_ns) - self.skipped_ns
+        wait, limit = due - now_ns, self.clock.max_gap_ns
+        if wait > limit:
+            base = now_ns if self._last_due is None else min(self._last_due, now_ns)
+            skip = due - base - limit
+            self.skipped_ns += skip
+            self.gaps_skipped += 1
+            due -= skip
+            self._warning.warn(
+                "camera %s: its next frame is %s ahead (a jump in its stamps); waiting %s "
+                "(--max-gap-s) and skipping the rest",
+                self.camera,
+                span_words(wait / 1e9),
+                span_words((due - now_ns) / 1e9),
+            )
+        elif wait > NOTICE_S * 1e9:
+            self._warning.warn(
+                "camera %s: its next frame is %s ahead (a gap in its stamps); waiting for it",
+                self.camera,
+                span_words(wait / 1e9),
+            )
+        self._last_due = due
+        return due
+
+    def close(self) -> None:
+        """Say what was skipped in all (once the camera ends)."""
+        self._warning.close()
+        if self.gaps_skipped:
+            log.warning(
+                "camera %s: %d gap(s) in its stamps longer than --max-gap-s skipped, %s in all",
+                self.camera,
+                self.gaps_skipped,
+                span_words(self.skipped_ns / 1e9),
+            )
+            self.gaps_skipped, self.skipped_ns = 0, 0
+
+
+def clock_groups(firsts: Mapping[str, int], *, max_apart_ns: int) -> list[list[str]]:
+    """The cameras of one recording grouped by their first stamps (`firsts`: camera -> ns):
+    in stamp order, a new group wherever two neighbours are more than `max_apart_ns` apart.
+    The largest group comes first (of equal ones, the earliest): it keeps the recording's
+    clock. Pure."""
+    ordered = sorted(firsts, key=lambda c: firsts[c])
+    groups: list[list[str]] = []
+    for cam in ordered:
+        if groups and firsts[cam] - firsts[groups[-1][-1]] <= max_apart_ns:
+            groups[-1].append(cam)
+        else:
+            groups.append([cam])
+    return sorted(groups, key=len, reverse=True)  # stable: equal sizes stay in stamp order
+
+
+def plan_clocks(
+    source: str, firsts: Mapping[str, int], *, max_apart_ns: int
+) -> tuple[dict[str, tuple[str, int]], str | None]:
+    """The clock of each camera of recording `source` (camera -> (clock key, origin stamp)),
+    and the warning to log where some cameras play on clocks of their own (None when they
+    all share the recording's). Pure."""
+    groups = clock_groups(firsts, max_apart_ns=max_apart_ns)
+    plan: dict[str, tuple[str, int]] = {}
+    for k, group in enumerate(groups):
+        key = source if k == 0 else f"{source}#clock{k + 1}"
+        origin = min(firsts[c] for c in group)
+        plan.update(dict.fromkeys(group, (key, origin)))
+    if len(groups) < 2:
+        return plan, None
+    main = min(firsts[c] for c in groups[0])
+    details = ", ".join(
+        f"{', '.join(g)} {span_words((min(firsts[c] for c in g) - main) / 1e9)} "
+        f"{'after' if min(firsts[c] for c in g) > main else 'before'}"
+        for g in groups[1:]
+    )
+    others = ", ".join(c for g in groups[1:] for c in g)
+    said = (
+        f"{source}: the cameras' clocks are far apart (first stamps of {details} "
+        f"{', '.join(groups[0])}; more than --max-gap-s {max_apart_ns / 1e9:g} s): {others} "
+        "played on a clock of its own from the start of the replay, not in step"
+    )
+    return plan, said
