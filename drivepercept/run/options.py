@@ -17,7 +17,8 @@ from drivepercept.errors import ConfigError
 from drivepercept.geometry import parse_input_size
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
 from drivepercept.rig import read_toml, rig_model
-from drivepercept.sources.pacing import DEFAULT_MAX_GAP_S, MAX_GAP_LIMIT_S
+from drivepercept.sources.pacing import DEFAULT_MAX_GAP_S as DEFAULT_MAX_GAP_S
+from drivepercept.sources.pacing import MAX_GAP_LIMIT_S
 from drivepercept.types import CLASS_CHOICES, RUNTIMES, Pacing
 
 if TYPE_CHECKING:  # the sink loads OpenCV: options (and `drivepercept --help`) do not need it
