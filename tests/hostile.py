@@ -17,7 +17,10 @@ header and, unless it says otherwise, one valid JPEG part, then misbehaves:
 - `chunked` (not hostile: awkward): good parts, 25 a second, sent with `Transfer-Encoding:
   chunked` in chunks of 7 bytes (chunk ends fall inside boundaries and line ends);
 - `garbage_jpegs`: then parts of `image/jpeg` that hold no JPEG, 25 a second, and a good one
-  every tenth.
+  every tenth;
+- `undecodable_jpegs`: likewise, but the bad parts are JPEGs whose headers pass (a size
+  within the limit) and whose data does not decode (no quantization tables): refused only
+  when decoded, by the batcher.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 
 MODES = (
     "endless_headers", "drip", "random", "negative_length", "huge_part", "huge_dims", "not_jpeg",
-    "garbage_jpegs", "chunked", "only_not_jpeg", "huge_among_good",
+    "garbage_jpegs", "chunked", "only_not_jpeg", "huge_among_good", "undecodable_jpegs",
 )  # fmt: skip
 BOUNDARY = b"frame"
 
@@ -65,6 +68,17 @@ def with_junk(data: bytes, junk: bytes = b"\x00") -> bytes:
     assert data[2:4] == b"\xff\xe0", "no APP0 segment"
     end = 4 + int.from_bytes(data[4:6], "big")
     return data[:end] + junk + data[end:]
+
+
+def without_quantization(data: bytes) -> bytes:
+    """`data` (a JPEG) without its DQT segments: its header says its size, libjpeg refuses
+    to decode it ("quantization table was not defined")."""
+    out, i = bytearray(data[:2]), 2
+    while data[i + 1] != 0xDA:  # up to the scan
+        end = i + 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+        out += b"" if data[i + 1] == 0xDB else data[i:end]
+        i = end
+    return bytes(out + data[i:])
 
 
 def huge_jpegs() -> dict[str, bytes]:
@@ -187,12 +201,15 @@ class HostileCamera:
             n += 1
             time.sleep(0.05)
 
-    def _garbage_jpegs(self, conn: socket.socket) -> None:
+    def _garbage_jpegs(self, conn: socket.socket, bad: bytes | None = None) -> None:
         good, n = jpeg(), 0
         while not self._stop.is_set():
             n += 1
-            conn.sendall(_part(good if n % 10 == 0 else os.urandom(2000)))
+            conn.sendall(_part(good if n % 10 == 0 else bad or os.urandom(2000)))
             time.sleep(0.04)
+
+    def _undecodable_jpegs(self, conn: socket.socket) -> None:
+        self._garbage_jpegs(conn, without_quantization(jpeg()))
 
     def _chunked(self, conn: socket.socket) -> None:
         conn.sendall(

@@ -188,12 +188,16 @@ def test_jpeg_size_reads_the_frame_header_without_decoding() -> None:
     assert jpeg_size(b"<html>") is None and jpeg_size(b"\xff\xd8\xff") is None
 
 
-def test_a_live_camera_of_mostly_corrupt_frames_is_reported_and_exits_3(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["garbage_jpegs", "undecodable_jpegs"])
+def test_a_live_camera_of_mostly_corrupt_frames_is_reported_and_exits_3(
+    mode: str, tmp_path: Path
+) -> None:
     from drivepercept.models.oracle import make_oracle
     from drivepercept.run import Mode, RunOptions, run
 
-    # given a camera whose frames are nine in ten not JPEGs at all
-    with hostile_camera("garbage_jpegs") as camera:
+    # given a camera whose frames are nine in ten not JPEGs at all (refused as they are
+    # read), or JPEGs that do not decode (refused by the batcher, which decodes live frames)
+    with hostile_camera(mode) as camera:
         options = RunOptions(
             sources=(f"cam={camera.url}",), mode=Mode.LIVE, model="oracle", weights=None,
             settings={"device": "cpu", "sample_hz": 0.0}, out_root=tmp_path, name="live",

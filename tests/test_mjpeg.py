@@ -212,6 +212,8 @@ def test_a_corrupt_frame_is_left_out_and_the_camera_goes_on() -> None:
     assert pipeline.batcher.failed_frames == 1
     assert 3 not in [r.frame_index for r in sink.results]
     assert stats.frames == len(sink.results) >= 6
+    # and the batcher's count is the camera's undecodable frame (run.json, the verdict)
+    assert stats.cameras[0].undecodable == 1
 
 
 def _sleepy_live_run(*, frames: int, in_flight: int) -> list[FrameResult]:
