@@ -211,6 +211,24 @@ def test_a_live_camera_of_mostly_corrupt_frames_is_reported_and_exits_3(
     assert failure is not None and f"undecodable frames skipped (cam: {cam.undecodable})" in failure
 
 
+def test_a_live_camera_of_only_parts_that_are_not_jpegs_says_so(tmp_path: Path) -> None:
+    from drivepercept.models.oracle import make_oracle
+    from drivepercept.run import Mode, RunOptions, run
+
+    # given a camera whose every part is text/html (issue 43: the run said only "stopped")
+    with hostile_camera("only_not_jpeg") as camera:
+        options = RunOptions(
+            sources=(f"cam={camera.url}",), mode=Mode.LIVE, model="oracle", weights=None,
+            settings={"device": "cpu", "sample_hz": 0.0}, out_root=tmp_path, name="live",
+            duration_s=2.5, reconnect=POLICY, report_formats=(),
+        )  # fmt: skip
+        result = run(options, detector=make_oracle(size=(64, 48), boxes=[[0, 0, 8, 8]]))
+    # then no frame came, and the reason is what the camera sent, not the stop
+    assert result.error is not None and result.error.startswith("no camera delivered a frame")
+    assert f"{OPEN_MAX_REFUSED} undecodable frames in a row" in result.error, result.error
+    assert "a part of text/html, not a JPEG" in result.error
+
+
 def test_the_part_size_bound_is_a_setting() -> None:
     from drivepercept.errors import ConfigError
     from drivepercept.sim.serve import CameraServer
