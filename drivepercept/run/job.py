@@ -12,7 +12,6 @@ import contextlib
 import importlib
 import json
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +29,7 @@ from drivepercept.pipeline import Pipeline
 from drivepercept.report import ReportResult, write_report
 from drivepercept.rig import CameraConfig
 from drivepercept.run.options import Mode, RunOptions, default_onnx_cache
+from drivepercept.run.outputs import check_outputs, interrupts_deferred, linger_metrics
 from drivepercept.run.record import final_record, first_record, tracking_record
 from drivepercept.rundir import RunDir, RunRecord, make_run_dir
 from drivepercept.sinks import AnnotatedVideoSink, DetectionsJsonlSink, FrameTimingCsvSink
@@ -245,10 +245,17 @@ def run(
     """
     pacing = options.mode.pacing
     cams = resolve_sources(options.sources, live=pacing is Pacing.LIVE, topics=options.topics)
+    check_outputs(options, cams)  # an output over an input: refused before anything opens
     config = options.pipeline()
     resolve_device(config.device)  # a missing GPU is said before any model is loaded
     capture_stop = threading.Event()
-    readers = open_cameras(cams, pacing=pacing, policy=options.reconnect, stop=capture_stop)
+    readers = open_cameras(
+        cams,
+        pacing=pacing,
+        policy=options.reconnect,
+        stop=capture_stop,
+        max_gap_s=options.max_gap_s,
+    )
     names = [c.name for c in cams]
     sink_set = SinkSet()
     exporter: MetricsExporter | None = None
@@ -391,9 +398,8 @@ def _run(
     with interrupts_deferred():  # a Ctrl-C now takes effect once the files are whole
         run_dir.write_record(record)
         report = _report(run_dir, options)
-    if options.metrics_port is not None and options.metrics_linger_s > 0:
-        log.info("keeping /metrics up for %.1f s", options.metrics_linger_s)
-        time.sleep(options.metrics_linger_s)
+    if options.metrics_port is not None:
+        linger_metrics(options.metrics_linger_s)  # a Ctrl-C ends it, not the run
     return RunResult(
         run_dir=run_dir.path,
         record=record,
@@ -403,27 +409,6 @@ def _run(
         failed_cameras=failed,
         error=error,
     )
-
-
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Holds SIGINT and SIGTERM back while the block writes the run's last files (record,
-    report), then raises `KeyboardInterrupt` if one came: an interrupt never leaves them half
-    written. Only the main thread can do so; elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    came: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, _frame: came.append(signum)) for s in held}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if came:
-        log.warning("interrupted while writing the run's files: they were finished first")
-        raise KeyboardInterrupt
 
 
 def _why(snap: CameraSnapshot) -> str:
