@@ -152,18 +152,24 @@ class McapOut:
         """Write the summary and close the file; a second call does nothing.
 
         Raises:
-            OutputError: the summary could not be written (the chunks before it still read).
+            OutputError: the summary could not be written, or the file not flushed (a full
+                disk); the message names the file (the chunks before still read).
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            failed: OSError | None = None
             try:
                 self._writer.finish()  # type: ignore[no-untyped-call]
             except OSError as exc:
-                raise OutputError(f"cannot finish {self.path}: {exc.strerror or exc}") from None
-            finally:
+                failed = exc
+            try:  # the last of the buffer is flushed here: a full disk may say so only now
                 self._file.close()
+            except OSError as exc:
+                failed = failed or exc
+            if failed is not None:
+                raise OutputError(f"cannot finish {self.path}: {failed.strerror or failed}")
 
     def __enter__(self) -> McapOut:
         return self

@@ -240,9 +240,10 @@ class SinkSet:
         """Stop taking results, let slow sinks write what is queued (within
         CLOSE_TIMEOUT_S), close every sink whose thread has finished.
 
-        Returns the errors of sinks that failed to close (each logged); never raises. A slow
-        sink still writing at the deadline is neither closed nor waited for: it is named in
-        `not_stopped` and its report.
+        Returns the errors of essential sinks (`OnFailure.STOP`) that failed to close (each
+        logged); never raises. Another sink that fails to close is set aside as it would be
+        mid-run: marked failed in its report, not returned. A slow sink still writing at the
+        deadline is neither closed nor waited for: it is named in `not_stopped` and its report.
         """
         deadline = time.monotonic() + CLOSE_TIMEOUT_S
         with self._cond:
@@ -265,6 +266,10 @@ class SinkSet:
             try:
                 e.sink.close()
             except Exception as exc:  # one sink failing to close must not lose the others
+                if e.policy.on_failure is OnFailure.ISOLATE:  # its policy holds to the end
+                    e.failed = e.failed or one_line(f"{type(exc).__name__}: {exc}")
+                    log.error("output %s failed to close and is set aside: %s", e.name, exc)
+                    continue
                 log.error("closing %s failed: %s", e.name, exc)
                 errors.append(exc)
         self.not_stopped = tuple(stuck)
