@@ -24,27 +24,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers load after parsing: --help and usage errors load no torch, OpenCV or ORT."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     from drivepercept.cli import commands  # the jobs: only once there is a command to run
-    from drivepercept.run.console import quiet_opencv
+    from drivepercept.run.console import quiet_native
 
-    if not (args.verbose or args.debug):
-        # OpenCV and FFmpeg print their own warnings for every bad or truncated file; our
-        # errors already say what went wrong in one line. Set before OpenCV is first used.
-        quiet_opencv()
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
-        handlers=[redacting_handler()],  # camera URLs in messages lose their credentials
-    )
-    try:
-        return commands.HANDLERS[args.command](args)
-    except DrivePerceptError as exc:
-        if args.debug:
-            raise
-        print(f"drivepercept {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
-        return commands.EXIT_INTERNAL if isinstance(exc, StageError) else commands.EXIT_INPUT
-    except KeyboardInterrupt:
-        print(f"drivepercept {args.command}: interrupted", file=sys.stderr)
-        return commands.EXIT_INTERRUPTED
+    # OpenCV, FFmpeg, libjpeg and Rerun print their own lines for every bad file; ours say it in
+    # one: theirs go to the log (-v: as they are). Set before OpenCV is first used; undone after.
+    with quiet_native(args):
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
+            handlers=[redacting_handler()],  # camera URLs in messages lose their credentials
+        )
+        try:
+            return commands.HANDLERS[args.command](args)
+        except DrivePerceptError as exc:
+            if args.debug:
+                raise
+            line = f"drivepercept {args.command}: error: {one_line(str(exc))}"
+            print(line, file=sys.stderr)
+            return commands.EXIT_INTERNAL if isinstance(exc, StageError) else commands.EXIT_INPUT
+        except KeyboardInterrupt:
+            print(f"drivepercept {args.command}: interrupted", file=sys.stderr)
+            return commands.EXIT_INTERRUPTED
 
 
 def run() -> NoReturn:

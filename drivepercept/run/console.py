@@ -1,14 +1,19 @@
 """A run in words, for a terminal: the progress bar and status line, the summary table, the
-report's key figures. The CLI prints these; a Python caller may too."""
+report's key figures. The CLI prints these; a Python caller may too. And the terminal kept
+for them: native libraries' own stderr lines go to the log (`quiet_native`)."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import logging
 import math
 import os
+import re
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from drivepercept.report import ReportResult
@@ -18,6 +23,10 @@ if TYPE_CHECKING:  # torch: `drivepercept report` prints report lines without lo
     from drivepercept.run.job import RunResult
 
 log = logging.getLogger("drivepercept")
+native_log = logging.getLogger("drivepercept.native")
+
+_ESCAPES = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colours (Rerun's WARN lines)
+MAX_NATIVE_LINE = 4096  # bytes of a native stderr line logged at most
 
 
 def quiet_opencv() -> None:
@@ -30,6 +39,100 @@ def quiet_opencv() -> None:
         if cv2 is not None:
             cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
     os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+
+
+@contextlib.contextmanager
+def quiet_native(args: argparse.Namespace) -> Iterator[None]:
+    """The CLI's stderr kept for its own lines, unless `--verbose` or `--debug`: OpenCV and
+    FFmpeg log errors only (`quiet_opencv`), Rerun's Rust logger too (`RUST_LOG=error`
+    unless set: it is read when rerun is imported), and what native code still writes
+    straight to file descriptor 2 (libjpeg's "Corrupt JPEG data: 1 extraneous bytes before
+    marker 0xdb", after our error line) goes to the log at INFO (`native_stderr_logged`).
+    Not for `fleet` (its workers log on their own), nor with `--rerun`, whose spawned viewer
+    outlives the run and must keep the terminal's stderr."""
+    if args.verbose or args.debug:
+        yield
+        return
+    quiet_opencv()
+    os.environ.setdefault("RUST_LOG", "error")
+    if args.command == "fleet" or getattr(args, "rerun", False):
+        yield
+        return
+    with native_stderr_logged():
+        yield
+
+
+@contextlib.contextmanager
+def native_stderr_logged() -> Iterator[None]:
+    """File descriptor 2 points at a pipe for the block, drained by the thread
+    `native-stderr` into the log (`drivepercept.native`, INFO, one record a line, colours
+    taken out), while `sys.stderr` (and the log handlers on it) write to a duplicate of the
+    real stderr. Put back as it was at the end; a child process that still holds the pipe
+    leaves the (daemon) thread to it. Does nothing where there is no file descriptor 2."""
+    try:
+        real = os.dup(2)
+    except OSError:
+        yield
+        return
+    previous = sys.stderr
+    try:
+        ours = previous is not None and previous.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # a captured or replaced sys.stderr
+        ours = False
+    swapped: TextIO | None = None
+    if ours:
+        previous.flush()
+        swapped = open(  # noqa: SIM115 (closed at the end of the block)
+            real, "w", buffering=1, encoding=previous.encoding, errors="backslashreplace",
+            closefd=False,
+        )  # fmt: skip
+        sys.stderr = swapped
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    drain = threading.Thread(target=_drain, args=(read_end,), name="native-stderr", daemon=True)
+    drain.start()
+    try:
+        yield
+    finally:
+        if swapped is not None:
+            swapped.flush()
+        os.dup2(real, 2)  # the pipe's last writer in this process: the drain reads its end
+        drain.join(timeout=1.0)
+        if not drain.is_alive():
+            os.close(read_end)
+        if swapped is not None:
+            for handler in logging.getLogger().handlers:
+                if isinstance(handler, logging.StreamHandler) and handler.stream is swapped:
+                    handler.setStream(previous)
+            sys.stderr = previous
+            swapped.close()
+        os.close(real)
+
+
+def _drain(fd: int) -> None:
+    """Log each line read from `fd` until its end (the `native-stderr` thread)."""
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        if len(pending) > MAX_NATIVE_LINE:
+            lines.append(pending)
+            pending = b""
+        for line in lines:
+            _say(line)
+    _say(pending)
+
+
+def _say(line: bytes) -> None:
+    text = _ESCAPES.sub(b"", line[:MAX_NATIVE_LINE]).decode("utf-8", "replace").strip()
+    if text:
+        native_log.info("native stderr: %s", text)
 
 
 def status_line(cameras: Sequence[CameraSnapshot], load: LoadSample | None) -> str:
@@ -54,11 +157,13 @@ class Progress:
     """Progress on stderr: a bar and, once a second, a status line. Drawn in place on a
     terminal; with `log_status` and no terminal, the status line is logged instead."""
 
-    def __init__(self, *, enabled: bool, log_status: bool = False, out: TextIO = sys.stderr):
+    def __init__(
+        self, *, enabled: bool, log_status: bool = False, out: TextIO | None = None
+    ) -> None:
         self.total: int | None = None
         self.enabled = enabled
         self.log_status = log_status and not enabled
-        self.out = out
+        self.out = out or sys.stderr  # (sys.stderr now: `quiet_native` may have moved it)
         self.started = time.monotonic()
         self.last_status = 0.0
         self.status = ""
