@@ -316,3 +316,34 @@ def test_the_metrics_linger_ends_on_an_interrupt_not_the_run() -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# ------------------------------------------------------------------ a camera that keeps failing
+
+
+def test_a_camera_that_keeps_failing_to_connect_says_so_in_a_few_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from drivepercept.config import ReconnectPolicy
+    from drivepercept.sources.live import LiveSource
+    from drivepercept.sources.readers import SourceError
+
+    def refuse(source: str, policy: ReconnectPolicy) -> Any:
+        raise SourceError("connection refused")
+
+    # given a live camera that refuses 40 connections in a row
+    policy = ReconnectPolicy(initial_s=0.001, max_s=0.002, max_attempts=40)
+    stop = threading.Event()
+    camera = LiveSource(
+        camera="cam", source="rtsp://nowhere/x", policy=policy, stop=stop, opener=refuse
+    )
+    with caplog.at_level(logging.WARNING, logger="drivepercept.sources.live"):
+        assert camera.read() is None
+        camera.close()
+    # then the first reconnects are said, the rest counted, and the failure said
+    said = [r.getMessage() for r in caplog.records]
+    assert camera.failed_attempts == 40
+    assert len(said) <= 8, said
+    assert sum("reconnecting" in line for line in said) == 6, said
+    assert "attempt 40 failed" in said[-2] and "35 more" in said[-2]
+    assert "failed (gave up after 40 failed attempts" in said[-1]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from drivepercept.config import ReconnectPolicy
-from drivepercept.errors import redact
+from drivepercept.errors import RepeatedWarning, redact
 from drivepercept.rig import is_device, is_stream
 from drivepercept.sources.capture import open_live_reader
 from drivepercept.sources.pacing import CameraPace, PaceClock
@@ -106,6 +106,7 @@ class LiveSource:
         # running totals, so the kept change list can be bounded (MAX_CHANGES)
         self._totals = Totals()
         self._streamed = False
+        self._reconnects = RepeatedWarning(log, first=5, every_s=30.0)
         if source.startswith("/dev/") and not Path(source).exists():
             # a device node that is not there is a typo or an unplugged camera: say so now
             raise SourceError(f"camera {camera}: no such camera device {source}")
@@ -127,18 +128,14 @@ class LiveSource:
             if state == CameraState.STREAMING:
                 self._streamed = True
             self._changes.append(change)
-        level = (
-            logging.WARNING
-            if state in (CameraState.RECONNECTING, CameraState.FAILED)
-            else logging.INFO
-        )
-        log.log(
-            level,
-            "camera %s: %s%s",
-            self.camera,
-            state.value,
-            f" ({change.detail})" if change.detail else "",
-        )
+        detail = f" ({change.detail})" if change.detail else ""
+        if state is CameraState.RECONNECTING:  # a camera that keeps failing: a few lines
+            self._reconnects.warn("camera %s: %s%s", self.camera, state.value, detail)
+            return
+        if state in (CameraState.FAILED, CameraState.ENDED):
+            self._reconnects.close()  # the reconnects not said, before the end is
+        level = logging.WARNING if state is CameraState.FAILED else logging.INFO
+        log.log(level, "camera %s: %s%s", self.camera, state.value, detail)
 
     def _account(self, last: StateChange, until_ns: int) -> None:
         """Add the time spent in `last` to the running totals (lock held)."""
@@ -324,6 +321,7 @@ class LiveSource:
     def close(self) -> None:
         self._held = None
         self.pace.close()
+        self._reconnects.close()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
