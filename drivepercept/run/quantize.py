@@ -80,7 +80,8 @@ class QuantizeResult:
             f"wrote {q.onnx} and {q.sidecar} in {self.seconds:.1f} s",
             f"calibrated on {q.frames} frames from {len(self.cameras)} camera(s): "
             f"{', '.join(self.cameras)}",
-            f"nodes: {q.nodes_quantized} quantized (int8 {FORMATS[q.quant_format]}, weight "
+            f"nodes: {q.nodes_quantized} quantized (int8 {FORMATS[q.quant_format]}, "
+            f"{'7-bit weights: this CPU has no VNNI, ' if q.reduce_range else ''}weight "
             f"scales per {'channel' if q.per_channel else 'tensor'}), {q.nodes_float} kept "
             "float (the decoding)",
             f"size: {_mb(q.source_bytes)} -> {_mb(q.int8_bytes)} ({ratio:.2f}x)",
