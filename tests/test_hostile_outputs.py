@@ -147,6 +147,38 @@ def test_outputs_inside_an_input_folder_or_over_each_other_are_refused(
     assert not out.exists() and not (tmp_path / "runs").exists()
 
 
+def _ros2_bag(path: Path) -> Path:
+    """A ROS 2 bag folder (MCAP storage): one camera, three CompressedImage frames."""
+    pytest.importorskip("rosbags")
+    from rosbags.rosbag2 import StoragePlugin, Writer
+
+    from drivepercept.recording import messages as msgs
+
+    store = msgs.typestore()
+    with Writer(path, version=8, storage_plugin=StoragePlugin.MCAP) as w:
+        conn = w.add_connection(
+            "/front/image_raw/compressed", msgs.COMPRESSED_IMAGE, typestore=store
+        )
+        for k in range(3):
+            stamp = T0_NS + k * 66_666_667
+            m = msgs.compressed_image(stamp, "front", "jpeg", _jpeg(60 * k))
+            w.write(conn, stamp, store.serialize_cdr(m, msgs.COMPRESSED_IMAGE))
+    return path
+
+
+def test_mcap_over_a_bag_folder_storage_file_is_refused(in_process: Cli, tmp_path: Path) -> None:
+    bag = _ros2_bag(tmp_path / "bag")
+    storage = next(bag.glob("*.mcap"))
+    sums = {p: _sha(p) for p in bag.iterdir()}
+    for target in (storage, bag / "metadata.yaml", bag):
+        code, err = in_process(
+            ["replay", str(bag), "--mcap", str(target), "--out", str(tmp_path), *TINY]
+        )
+        assert code == 2, err
+        assert f"--mcap {target} is " in _one_line(err) and str(bag) in err, err
+    assert {p: _sha(p) for p in bag.iterdir()} == sums
+
+
 def test_a_rig_file_is_an_input_too(in_process: Cli, tmp_path: Path) -> None:
     rig = tmp_path / "rig.toml"
     shutil.copy(SAMPLE / "rig.toml", rig)
