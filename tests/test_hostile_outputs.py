@@ -265,6 +265,7 @@ def test_native_stderr_goes_to_the_log_and_comes_back(caplog: pytest.LogCaptureF
     assert os.environ["RUST_LOG"]  # set for Rerun, unless it was
 
 
+@pytest.mark.slow  # two command-line runs in children: ~10 s of CPU
 def test_a_cli_run_on_a_damaged_jpeg_prints_one_error_line_and_no_libjpeg(tmp_path: Path) -> None:
     from hostile import with_junk
 
