@@ -111,9 +111,11 @@ def check_outputs(options: RunOptions, cams: Sequence[CameraConfig]) -> None:
     """
     inputs = [_Input(p) for p in input_paths(options, cams)]
     outputs = output_paths(options)
-    for flag, out in outputs:  # (the run folder is made new under --out: only a folder clashes)
+    for flag, out in outputs:
         for source in inputs:
-            why = source.clash(out)
+            # the run folder is made new under --out: only an input folder can hold it (over
+            # a file, it cannot be made: that error names it)
+            why = source.clash(out) if flag != "--out" or source.folder else None
             if why:
                 raise ConfigError(f"{flag} {out} {why}: an output is never written over an input")
     files = outputs[1:]  # --mcap, --rerun-save
