@@ -155,10 +155,18 @@ def _inflate(data: bytes, compression: str, most: int) -> bytes:
         import lz4.frame  # type: ignore[import-untyped]  # (no stubs)
 
         return bytes(lz4.frame.LZ4FrameDecompressor().decompress(data, max_length=most))
-    if compression == "bz2":
+    if compression == "bz2":  # one stream after another, as bz2.decompress reads them
         import bz2
 
-        return bz2.BZ2Decompressor().decompress(data, max_length=most)
+        pieces, got, rest = [], 0, data
+        while rest and got < most:
+            stream = bz2.BZ2Decompressor()
+            pieces.append(stream.decompress(rest, max_length=most - got))
+            got += len(pieces[-1])
+            if not stream.eof:
+                break  # `most` reached, or the data ends inside a stream
+            rest = stream.unused_data
+        return b"".join(pieces)
     raise RefusedError(f"an unknown compression {compression[:40]!r}")
 
 
