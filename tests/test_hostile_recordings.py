@@ -1,0 +1,507 @@
+"""Hostile recordings (issue 43): MCAP files and bags crafted to take memory, time or a
+traceback (bombs, lying indexes and counts, FIFOs where files go). Each is refused in one
+line at open (exit 2) or skipped and counted while the rest is read (exit 3), with valid
+outputs; the bombs replay in a child process whose peak RSS stays under 1.5 GB.
+
+The inputs are made here (tests/craftedrecordings.py), each a few hundred KB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcap")
+pytest.importorskip("rosbags")
+
+import craftedrecordings as cr
+from children import cli
+
+from drivepercept.sources.containers import open_container
+from drivepercept.sources.readers import SourceError
+from drivepercept.sources.recordings import RecordingReader
+from drivepercept.sources.untrusted import RefusedError, inflate
+
+Cli = Callable[[list[str]], tuple[int, str]]
+PEAK_LIMIT_MB = 1536
+FRONT = cr.FRONT
+
+
+# ------------------------------------------------------------------ running a replay
+
+
+def _lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("drivepercept")]
+
+
+def _replay(in_process: Cli, source: Path | str, out: Path, name: str = "r") -> tuple[int, str]:
+    return in_process(
+        ["replay", str(source), "--model", "drivepercept-tiny", "--out", str(out),
+         "--name", name, "--no-progress", "--no-report"]
+    )  # fmt: skip
+
+
+def _outputs(run: Path) -> dict[str, list[int]]:
+    """camera -> its frames' stamps, from a run folder whose files parse (run.json,
+    detections.jsonl)."""
+    json.loads((run / "run.json").read_text())
+    frames: dict[str, list[int]] = {}
+    for line in (run / "detections.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        frames.setdefault(d["camera"], []).append(d["stamp_ns"])
+    return frames
+
+
+def _undecodable(run: Path) -> dict[str, int]:
+    cams = json.loads((run / "run.json").read_text())["summary"]["cameras"]
+    return {name: c["frames_undecodable"] for name, c in cams.items()}
+
+
+@dataclass(frozen=True)
+class Child:
+    code: int
+    err: str
+    peak_mb: float
+    seconds: float
+
+
+def _replay_child(source: Path, out: Path, name: str = "r", timeout_s: float = 240) -> Child:
+    """`drivepercept replay SOURCE` in a child process; its peak RSS from the kernel
+    (wait4's ru_maxrss of that child alone)."""
+    err_path = out / f"{name}.stderr"
+    out.mkdir(parents=True, exist_ok=True)
+    with err_path.open("w") as err:
+        started = time.monotonic()
+        proc = cli(
+            "replay", str(source), "--model", "drivepercept-tiny", "--out", str(out),
+            "--name", name, "--no-progress", "--no-report",
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+        killer = threading.Timer(timeout_s, proc.kill)
+        killer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            killer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        took = time.monotonic() - started
+    text = err_path.read_text()
+    print(
+        f"{source.name}: exit {proc.returncode}, peak {usage.ru_maxrss / 1024:.0f} MB, {took:.1f} s"
+    )
+    return Child(proc.returncode, text, usage.ru_maxrss / 1024, took)
+
+
+def _no_traceback(err: str) -> None:
+    assert "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------ bounded inflation
+
+
+def test_inflate_takes_no_more_than_it_declares() -> None:
+    import zstandard
+
+    zeros = cr.compress([cr.Zeros(64 * cr.MiB)], "zstd")
+    # a frame that holds 64 MiB, declared as 1000 bytes: refused after 1001
+    with pytest.raises(RefusedError, match="more than the 1000 bytes it declares"):
+        inflate(zeros, "zstd", 1000)
+    with pytest.raises(RefusedError, match="over the 1000"):
+        inflate(zeros, "zstd", 2000, cap=1000)
+    with pytest.raises(RefusedError, match="less than"):
+        inflate(zstandard.compress(b"x" * 10), "zstd", 11)
+    with pytest.raises(RefusedError, match="unknown compression"):
+        inflate(b"", "brotli", 0)
+    with pytest.raises(RefusedError, match="does not decompress"):
+        inflate(b"garbage", "lz4", 10)
+    assert inflate(cr.compress([b"abc" * 100], "lz4"), "lz4", 300) == b"abc" * 100
+
+
+def _bombs(compression: str) -> Callable[[cr.McapCraft, dict[str, int]], None]:
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        t = cr.stamp(9)
+        if compression == "zstd":  # 2 GiB images: one declared as such, one as 1000 bytes
+            big = cr.big_image(9, "front", 2 * cr.GiB)
+            craft.chunk([(ids["front"], t + 1, big)])
+            craft.chunk([(ids["front"], t + 2, big)], declare=1000)
+        else:  # lz4 holds 255:1 at most: its 64 MiB in 260 KB, declared 2 GiB and 1000 bytes
+            data = cr.compress([cr.Zeros(64 * cr.MiB)], "lz4")
+            big = cr.big_image(9, "front", 64 * cr.MiB)
+            craft.chunk(
+                [(ids["front"], t + 1, big)], compression="lz4", data=data, declare=2 * cr.GiB
+            )
+            craft.chunk([(ids["front"], t + 2, big)], compression="lz4", data=data, declare=1000)
+
+    return middle
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_a_chunk_bomb_is_refused_and_the_drive_read_on(tmp_path: Path, compression: str) -> None:
+    # given a 20-frame drive of two cameras with two chunks halfway that each hold a front
+    # image inflating to 2 GiB (zstd; lz4: 64 MiB), one declaring that, one 1000 bytes
+    craft, _ = cr.drive(tmp_path / "bomb.mcap", middle=_bombs(compression))
+    path = craft.finish()
+    assert path.stat().st_size < 1_000_000
+    # when it is replayed in a child process
+    got = _replay_child(path, tmp_path)
+    # then neither chunk was inflated: the run stays small, every frame around them was
+    # read, and the two are counted (exit 3, one line)
+    _no_traceback(got.err)
+    assert got.peak_mb < PEAK_LIMIT_MB, got
+    assert got.code == 3 and len(_lines(got.err)) == 1, got.err
+    assert "undecodable frames skipped (front: 2)" in _lines(got.err)[0]
+    assert "declares 2147483" in got.err and "more than the 1000 bytes it declares" in got.err
+    frames = _outputs(tmp_path / "r")
+    assert {cam: len(s) for cam, s in frames.items()} == {"front": 20, "back": 20}
+    assert _undecodable(tmp_path / "r") == {"front": 2, "back": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_overlapping_1_gib_chunks_are_not_all_inflated(tmp_path: Path) -> None:
+    # given four chunks that overlap in time, each holding a 1 GiB front image (and a back
+    # frame at its end), between the frames of a 20-frame drive
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        for i in range(4):
+            big = cr.big_image(8, "front", cr.GiB)
+            small = [cr.image_message(12, "back")]
+            craft.chunk(
+                [(ids["front"], cr.stamp(8) + i, big), (ids["back"], cr.stamp(12) + i, small)]
+            )
+
+    craft, _ = cr.drive(tmp_path / "overlap.mcap", middle=middle)
+    path = craft.finish()
+    assert path.stat().st_size < 1_000_000
+    got = _replay_child(path, tmp_path)
+    # then none of them is inflated (over the chunk limit), the rest is read, they are
+    # counted
+    _no_traceback(got.err)
+    assert got.peak_mb < PEAK_LIMIT_MB, got
+    assert got.code == 3 and "undecodable frames skipped (front: 4, back: 4)" in got.err, got.err
+    assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {"front": 20, "back": 20}
+
+
+def test_overlapping_chunks_are_each_read_once_in_stamp_order(tmp_path: Path) -> None:
+    # given chunks whose times interleave (two writers' chunks, each with every other frame)
+    craft = cr.McapCraft(tmp_path / "interleaved.mcap")
+    ch = craft.channel(FRONT, craft.schema())
+    for first in (0, 1, 20, 21):
+        craft.chunk(
+            [(ch, cr.stamp(k), [cr.image_message(k, "front")]) for k in range(first, first + 20, 2)]
+        )
+    reader = RecordingReader(craft.finish(), FRONT)
+    # when it is read
+    stamps = []
+    while (frame := reader.read()) is not None:
+        stamps.append(frame.stamp_ns)
+    reader.close()
+    # then every frame once, in stamp order (two chunks merged at a time, the reorder window
+    # for the rest)
+    assert stamps == [cr.stamp(k) for k in range(40)]
+    assert reader.undecodable == 0 and reader.chunks_skipped == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_ros1_bz2_chunk_that_inflates_past_its_size_is_refused(tmp_path: Path) -> None:
+    # given a 20-frame ROS 1 bag whose 11th chunk holds its frame and, in its bz2 data only,
+    # 2 GiB more (its header declares the frame's size)
+    path = cr.ros1_bag(tmp_path / "bomb.bag", bomb_at=10, bomb=cr.bz2_zeros(2 * cr.GiB))
+    assert path.stat().st_size < 1_000_000
+    got = _replay_child(path, tmp_path)
+    _no_traceback(got.err)
+    assert got.peak_mb < PEAK_LIMIT_MB, got
+    assert got.code == 3 and "undecodable frames skipped (front: 1)" in got.err, got.err
+    assert "more than the" in got.err
+    assert len(_outputs(tmp_path / "r")["front"]) == 19
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_ros2_bag_of_mcap_storage_with_a_bomb_is_read_under_the_limits(tmp_path: Path) -> None:
+    # given a ROS 2 bag folder (written by rosbags) whose MCAP storage file is a drive with
+    # two 2 GiB chunk bombs
+    bag = cr.ros2_bag(tmp_path / "bag")
+    (storage,) = cr.storage_files(bag)
+    craft, _ = cr.drive(storage, cameras=("front",), middle=_bombs("zstd"))
+    craft.finish()
+    got = _replay_child(bag, tmp_path)
+    _no_traceback(got.err)
+    assert got.peak_mb < PEAK_LIMIT_MB, got
+    assert got.code == 3 and "undecodable frames skipped (front: 2)" in got.err, got.err
+    assert len(_outputs(tmp_path / "r")["front"]) == 20
+
+
+def test_a_file_compressed_ros2_bag_is_refused_in_one_line(in_process: Cli, tmp_path: Path) -> None:
+    bag = cr.ros2_bag(tmp_path / "bag", compression="file")
+    started = time.monotonic()
+    code, err = _replay(in_process, bag, tmp_path / "out")
+    # refused before rosbags inflates anything (into the system's temp folder, on each open)
+    assert code == 2 and len(_lines(err)) == 1, err
+    assert "compression_mode: file" in err and "ros2 bag convert" in err
+    assert time.monotonic() - started < 30
+    _no_traceback(err)
+
+
+def test_a_message_compressed_ros2_bag_is_inflated_message_by_message(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    bag = cr.ros2_bag(tmp_path / "bag", compression="message")
+    code, err = _replay(in_process, bag, tmp_path)
+    assert code == 0, err
+    assert _outputs(tmp_path / "r") == {"front": [cr.stamp(k) for k in range(4)]}
+
+
+# ------------------------------------------------------------------ untrusted structure
+
+
+def test_a_chunk_index_listed_2000_times_replays_its_frames_once(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    craft, _ = cr.drive(tmp_path / "dup.mcap")
+    path = craft.finish(repeat={0: 2000})
+    code, err = _replay(in_process, path, tmp_path)
+    assert code == 0, err
+    frames = _outputs(tmp_path / "r")
+    assert frames == {cam: [cr.stamp(k) for k in range(20)] for cam in ("front", "back")}
+
+
+def test_a_chunk_of_millions_of_empty_records_costs_seconds(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given a chunk holding a front frame and then 2 million empty records (zstd: 18 MB in
+    # a few KB)
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        empty = b"\x10" + bytes(8)
+        padding = [empty * 2_000_000]
+        craft.chunk(
+            [(ids["front"], cr.stamp(9) + 1, [cr.image_message(9, "front")])], padding=padding
+        )
+
+    craft, _ = cr.drive(tmp_path / "flood.mcap", middle=middle)
+    path = craft.finish()
+    started = time.process_time()
+    reader = RecordingReader(path, FRONT)
+    while reader.read() is not None:
+        pass
+    reader.close()
+    # then its walk stops at the record limit: counted as damaged, in seconds of CPU
+    assert time.process_time() - started < 5
+    assert reader.chunks_skipped == 1 and reader.undecodable == 1
+    code, err = _replay(in_process, path, tmp_path)
+    assert code == 3 and "undecodable frames skipped (front: 1)" in _lines(err)[0], err
+    assert "holds more than 1000000 records" in err
+    assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {"front": 20, "back": 20}
+
+
+def test_statistics_claiming_10_to_the_12_messages_are_a_hint(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    craft, ids = cr.drive(tmp_path / "stats.mcap")
+    path = craft.finish(counts={ids["front"]: 10**12})
+    reader = RecordingReader(path, FRONT)
+    assert reader.info.frame_count == -1  # unknown: the file cannot hold that many
+    reader.close()
+    code, err = _replay(in_process, path, tmp_path)
+    assert code == 0 and "missing" not in err, err
+    assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {"front": 20, "back": 20}
+
+
+def test_a_damaged_chunk_is_skipped_and_the_frames_after_it_read(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        frame = [(ids["front"], cr.stamp(9) + 1, [cr.image_message(9, "front")])]
+        craft.chunk(frame, data=b"\x28\xb5\x2f\xfd not zstd after all", declare=4000)
+
+    craft, _ = cr.drive(tmp_path / "damaged.mcap", middle=middle)
+    code, err = _replay(in_process, craft.finish(), tmp_path)
+    assert code == 3 and len(_lines(err)) == 1, err
+    assert "undecodable frames skipped (front: 1)" in _lines(err)[0]
+    assert "does not decompress" in err
+    frames = _outputs(tmp_path / "r")
+    assert frames["front"] == [cr.stamp(k) for k in range(20)]  # those after it too
+    assert _undecodable(tmp_path / "r") == {"front": 1, "back": 0}
+
+
+def test_a_cut_summary_with_every_frame_read_is_not_a_failure(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given a drive whose file ends in the middle of its summary (every chunk whole)
+    craft, _ = cr.drive(tmp_path / "cutsummary.mcap")
+    path = craft.finish(cut_summary=True)
+    code, err = _replay(in_process, path, tmp_path)
+    # then it is read front to back to its data's end: every frame, a run without fault
+    assert code == 0, err
+    assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {"front": 20, "back": 20}
+
+
+def test_a_huge_metadata_yaml_is_refused_by_its_size(in_process: Cli, tmp_path: Path) -> None:
+    bag = cr.ros2_bag(tmp_path / "bag")
+    with (bag / "metadata.yaml").open("r+b") as f:
+        f.truncate(15 * cr.MiB)  # 15 MB (sparse: nothing written)
+    started = time.monotonic()
+    code, err = _replay(in_process, bag, tmp_path / "out")
+    assert code == 2 and len(_lines(err)) == 1, err
+    assert "more than the 1048576 a bag's metadata may be" in err
+    assert time.monotonic() - started < 10
+    _no_traceback(err)
+
+
+def test_colliding_topic_names_give_numbered_cameras(in_process: Cli, tmp_path: Path) -> None:
+    craft = cr.McapCraft(tmp_path / "collide.mcap")
+    schema = craft.schema()
+    a, b = craft.channel("/a/b/image", schema), craft.channel("/a_b/image", schema)
+    for k in range(3):
+        craft.chunk(
+            [
+                (a, cr.stamp(k), [cr.image_message(k, "x")]),
+                (b, cr.stamp(k), [cr.image_message(k, "y")]),
+            ]
+        )
+    code, err = _replay(in_process, craft.finish(), tmp_path)
+    assert code == 0, err
+    assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {"a_b": 3, "a_b_2": 3}
+
+
+# ------------------------------------------------------------------ not recordings
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo.mcap", "fifo.bag", "fifo-storage", "folder.mcap"])
+def test_what_is_not_a_regular_recording_is_refused_at_once(
+    in_process: Cli, tmp_path: Path, kind: str
+) -> None:
+    # given a FIFO named .mcap or .bag, a ROS 2 bag whose storage file is a FIFO, a folder
+    # named x.mcap (nothing writes to the FIFOs: an open for reading would wait forever)
+    if kind == "fifo-storage":
+        path = cr.ros2_bag(tmp_path / "bag")
+        (storage,) = cr.storage_files(path)
+        storage.unlink()
+        os.mkfifo(storage)
+        says = "is a FIFO, not a regular file"
+    elif kind == "folder.mcap":
+        path = tmp_path / "x.mcap"
+        path.mkdir()
+        says = "is a folder without a metadata.yaml, not a recording"
+    else:
+        path = tmp_path / f"x.{kind.split('.')[1]}"
+        os.mkfifo(path)
+        says = "is a FIFO, not a recording"
+    started = time.monotonic()
+    code, err = _replay(in_process, path, tmp_path / "out")
+    assert code == 2 and len(_lines(err)) == 1 and says in _lines(err)[0], err
+    assert time.monotonic() - started < 30
+    _no_traceback(err)
+    with pytest.raises(SourceError, match=says):
+        open_container(path)
+
+
+@pytest.mark.parametrize("video", ["a video", "a folder"])
+def test_a_rig_topic_on_what_is_not_a_recording_is_one_line(
+    in_process: Cli, tmp_path: Path, video: str
+) -> None:
+    source = Path(__file__).resolve().parents[1] / "sample_videos" / "front.mp4"
+    if video == "a folder":
+        source = tmp_path / "images"
+        source.mkdir()
+        (source / "0.jpg").write_bytes(cr.jpeg(0))
+    rig = tmp_path / "rig.toml"
+    rig.write_text(f'[[cameras]]\nname = "front"\nvideo = "{source}"\ntopic = "/front/image"\n')
+    code, err = _replay(in_process, rig, tmp_path / "out")
+    assert code == 2 and len(_lines(err)) == 1, err
+    assert "not a recording" in _lines(err)[0]
+    _no_traceback(err)
+
+
+@pytest.mark.parametrize("drive", ["fifo", "/dev/null", "list-of-fifo"])
+def test_fleet_refuses_a_drive_that_is_not_a_file_or_folder(
+    in_process: Cli, tmp_path: Path, drive: str
+) -> None:
+    fifo = tmp_path / "drive.mcap"
+    os.mkfifo(fifo)
+    given = {"fifo": str(fifo), "/dev/null": "/dev/null"}.get(drive)
+    if given is None:
+        listing = tmp_path / "drives.txt"
+        listing.write_text("drive.mcap\n")
+        given = str(listing)
+    code, err = in_process(["fleet", given, "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2 and len(_lines(err)) == 1, err
+    assert ("is a FIFO" if drive != "/dev/null" else "is a device") in err
+    _no_traceback(err)
+
+
+@pytest.mark.parametrize(
+    "what, says",
+    [
+        ("garbage.bag", "cannot read bag"),
+        ("cut.bag", "cannot read bag"),
+        ("yaml-not-yaml", "is not a rosbag2 metadata file"),
+        ("yaml-no-files", "is not a rosbag2 metadata file"),
+        ("yaml-storage", "is not read"),
+        ("video.mcap", "is not an MCAP file"),
+    ],
+)
+def test_what_a_library_raises_at_open_is_one_line(
+    in_process: Cli, tmp_path: Path, what: str, says: str
+) -> None:
+    if what.endswith(".bag"):
+        path = tmp_path / "x.bag"
+        data = cr.ros1_bag(tmp_path / "good.bag", frames=3).read_bytes()
+        path.write_bytes(
+            b"#ROSBAG V2.0\n" + os.urandom(5000) if what == "garbage.bag" else data[:-40]
+        )
+    elif what.startswith("yaml"):
+        path = cr.ros2_bag(tmp_path / "bag")
+        yaml = path / "metadata.yaml"
+        text = yaml.read_text()
+        if what == "yaml-not-yaml":
+            text = "rosbag2_bagfile_information: [unclosed\n"
+        elif what == "yaml-no-files":
+            text = text.replace("relative_file_paths", "some_other_key")
+        else:
+            text = text.replace("storage_identifier: mcap", "storage_identifier: ../../etc")
+        yaml.write_text(text)
+    else:
+        path = tmp_path / "x.mcap"
+        path.write_bytes(
+            (Path(__file__).resolve().parents[1] / "sample_videos" / "front.mp4").read_bytes()[
+                :4096
+            ]
+        )
+    code, err = _replay(in_process, path, tmp_path / "out")
+    assert code == 2 and len(_lines(err)) == 1 and says in _lines(err)[0], err
+    _no_traceback(err)
+
+
+def test_a_recording_is_parsed_once_for_all_its_cameras(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from drivepercept.sources import mcapindex, recordings
+
+    craft, _ = cr.drive(tmp_path / "d.mcap", cameras=("a", "b", "c"), frames=3)
+    path = craft.finish()
+    calls = []
+    real = mcapindex.read_index
+
+    def counted(f: Any, size: int) -> Any:
+        calls.append(size)
+        return real(f, size)
+
+    monkeypatch.setattr(mcapindex, "read_index", counted)
+    cams = recordings.recording_cameras(path)
+    readers = [RecordingReader(path, c.topic or "") for c in cams]
+    for r in readers:
+        r.close()
+    assert len(cams) == 3 and len(calls) == 1
