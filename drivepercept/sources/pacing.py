@@ -117,11 +117,11 @@ class CameraPace:
             self.gaps_skipped += 1
             due -= skip
             self._warning.warn(
-                "camera %s: its next frame is %s ahead (a jump in its stamps); waiting %s "
-                "(--max-gap-s) and skipping the rest",
+                "camera %s: its next frame is %s ahead (a jump in its stamps); it plays %s "
+                "after the frame before it (--max-gap-s), the rest of the gap is skipped",
                 self.camera,
                 span_words(wait / 1e9),
-                span_words((due - now_ns) / 1e9),
+                span_words(limit / 1e9),
             )
         elif wait > NOTICE_S * 1e9:
             self._warning.warn(
