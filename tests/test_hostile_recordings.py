@@ -192,6 +192,28 @@ def test_overlapping_1_gib_chunks_are_not_all_inflated(tmp_path: Path) -> None:
     assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {"front": 20, "back": 20}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_chunks_at_the_limit_are_inflated_one_at_a_time(tmp_path: Path) -> None:
+    # given four cameras whose drives hold, halfway, four chunks each at the chunk limit (a
+    # 250 MiB image of zeros, which a camera may hold, each declared honestly)
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        for i in range(4):
+            for cam, ch in ids.items():
+                big = cr.big_image(9, cam, 250 * cr.MiB)
+                craft.chunk([(ch, cr.stamp(9) + 1 + i, big)])
+
+    craft, _ = cr.drive(tmp_path / "atcap.mcap", cameras=("a", "b", "c", "d"), middle=middle)
+    path = craft.finish()
+    got = _replay_child(path, tmp_path)
+    # then the four cameras' readers inflate them one at a time (each inflated chunk and its
+    # message are 2 x 250 MiB; four at once took 2.8 GB with two cameras), and the images,
+    # which no decoder can size, are refused and counted
+    _no_traceback(got.err)
+    assert got.peak_mb < PEAK_LIMIT_MB, got
+    assert got.code == 3 and "(a: 4, b: 4, c: 4, d: 4)" in got.err, got.err
+
+
 def test_overlapping_chunks_are_each_read_once_in_stamp_order(tmp_path: Path) -> None:
     # given chunks whose times interleave (two writers' chunks, each with every other frame)
     craft = cr.McapCraft(tmp_path / "interleaved.mcap")

@@ -36,6 +36,7 @@ from drivepercept.sources.untrusted import (
     Topic,
     file_kind,
     inflate,
+    inflating,
     open_regular,
     parsed_once,
     plausible,
@@ -134,7 +135,7 @@ def inflated_message(data: bytes, compression: str) -> bytes:
     if not compression:
         return data
     try:
-        return inflate(data, compression, None, cap=MAX_MESSAGE_BYTES)
+        return bytes(inflate(data, compression, None, cap=MAX_MESSAGE_BYTES))
     except RefusedError as exc:
         raise RefusedError(f"a compressed message {exc}") from None
 
@@ -262,7 +263,8 @@ class Ros1Bag:
             raise RefusedError(f"{datasize} bytes of data where the file or the limit has not")
         if compression not in ("none", "bz2", "lz4"):
             raise RefusedError(f"an unknown compression {compression[:40]!r}")
-        return inflate(bio.read(datasize), compression, size)
+        with inflating(size):  # (its messages are copied out when each is decoded)
+            return bytes(inflate(bio.read(datasize), compression, size))  # (bytes: no copy)
 
     def metadata(self, name: str) -> dict[str, str] | None:
         return None

@@ -128,6 +128,7 @@ class _Mcap:
                 yield log_time, name, functools.partial(self._inflated, decode, data)
             else:
                 yield log_time, name, functools.partial(decode, data)
+            data = b""  # not held while the next message is read (a frame may be 256 MiB)
 
     def _inflated(self, decode: Callable[[bytes], Any], data: bytes) -> Any:
         return decode(inflated_message(data, self._compression))

@@ -33,7 +33,9 @@ ATTACHMENT, ATTACHMENT_INDEX, STATISTICS, METADATA, METADATA_INDEX = 0x09, 0x0A,
 FOOTER_OP, DATA_END = 0x02, 0x0F
 
 
-def records(data: bytes, *, limit: int = MAX_RECORDS_PER_CHUNK) -> Iterator[tuple[int, int, int]]:
+def records(
+    data: bytes | memoryview, *, limit: int = MAX_RECORDS_PER_CHUNK
+) -> Iterator[tuple[int, int, int]]:
     """(opcode, body start, body length) of each record of an inflated chunk, each length
     checked against what is left; at most `limit` records.
 

@@ -14,8 +14,9 @@ file took 5 GB. Here (records parsed by `mcapindex`):
 * An indexed file is read chunk by chunk in the order of their first message's time, each
   chunk once however often the summary lists it, and only the chunks that hold the topic.
   **Order**: one chunk's messages come in log-time order; chunks that overlap in time are
-  merged `MERGE_CHUNKS` at a time (never all inflated at once), so where more overlap, a
-  message may come after a later one (the reader's reorder window puts a few right).
+  merged `MERGE_CHUNKS` at a time while they hold under `MERGE_BYTES` (never all inflated
+  at once), so where more overlap, a message may come after a later one (the reader's
+  reorder window puts a few right).
 * A file without a summary (cut short), or whose summary cannot be read, is walked front to
   back in file order up to its DataEnd record: a summary cut short after it is not data, and a
   file that ends inside a record raises `CutShortError` once what came before was given.
@@ -38,16 +39,19 @@ from drivepercept.sources.readers import SourceError
 from drivepercept.sources.untrusted import (
     MAX_CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
+    Buffer,
     MiB,
     RefusedError,
     Topic,
     inflate,
+    inflating,
     open_regular,
     parsed_once,
     version_key,
 )
 
 MERGE_CHUNKS = 2  # chunks whose messages may be held at once, to merge overlapping ones
+MERGE_BYTES = 64 * MiB  # ... while they hold less than this (chunks of huge frames: one)
 SCAN_RECORDS = 20_000  # records walked for the topics of a file without a summary
 _CHUNK_HEAD = struct.Struct("<QQQI")  # first and last message time, size inflated, CRC
 _MESSAGE_HEAD = struct.Struct("<HIQQ")  # channel, sequence, log time, publish time
@@ -103,9 +107,9 @@ class McapFile:
         self._f.close()
 
     def topics(self) -> list[Topic]:
-        """The file's topics; a file read front to back: those found in its first
+        """The file's topics, from its summary; a file without one: those found in its first
         `SCAN_RECORDS` records (a cut file: those before the cut)."""
-        if self.index is not None and self.indexed:
+        if self.index is not None and self.index.channels:
             schemas, channels, counts = self.index.schemas, self.index.channels, self.index.counts
         else:
             walk = _Walk("")
@@ -138,6 +142,7 @@ class McapFile:
         for channel_id, log_time, data in self._walk_messages(walk, on_damage):
             ch = walk.channels[channel_id]
             yield walk.schemas.get(ch.schema_id), ch, log_time, data
+            data = b""  # not held while the next is read
 
     def _indexed(self, topic: str, on_damage: OnDamage) -> Iterator[Message]:
         assert self.index is not None
@@ -150,28 +155,39 @@ class McapFile:
         ]
         held: list[tuple[int, int, int, int, bytes]] = []  # (time, chunk, n, channel, data)
         left: dict[int, int] = {}  # chunk -> its messages still held
+        held_bytes = 0
         order = itertools.count()
         k = 0
         while k < len(chunks) or held:
             # the next chunk joins while it starts before the earliest message held (up to
-            # MERGE_CHUNKS chunks held at once)
+            # MERGE_CHUNKS chunks, MERGE_BYTES of messages, held at once)
             while k < len(chunks) and (
                 not held
-                or (chunks[k][0].message_start_time <= held[0][0] and len(left) < MERGE_CHUNKS)
+                or (
+                    chunks[k][0].message_start_time <= held[0][0]
+                    and len(left) < MERGE_CHUNKS
+                    and held_bytes < MERGE_BYTES
+                )
             ):
                 got = self._chunk(*chunks[k], ids, on_damage)
                 for log_time, channel_id, data in got:
                     heapq.heappush(held, (log_time, k, next(order), channel_id, data))
+                    held_bytes += len(data)
                 if got:
                     left[k] = len(got)
                 k += 1
+                got, data = [], b""  # (held only in `held`: see below)
             if held:
                 log_time, chunk, _, channel_id, data = heapq.heappop(held)
+                held_bytes -= len(data)
                 left[chunk] -= 1
                 if not left[chunk]:
                     del left[chunk]
                 ch = ix.channels[channel_id]
                 yield ix.schemas.get(ch.schema_id), ch, log_time, data
+                # a message given is not held here while the next chunk is read (a frame may
+                # be 256 MiB)
+                data = b""
 
     def _chunk(
         self, index: Any, why: str | None, ids: set[int], on_damage: OnDamage
@@ -186,23 +202,25 @@ class McapFile:
             opcode, length = mx.HEAD.unpack_from(head) if len(head) == 9 else (0, 0)
             if opcode != mx.CHUNK or length != index.chunk_length - 9:
                 raise RefusedError("no chunk record at the offset its index gives")
-            data = self._chunk_data(self._f.read(length), index)
-            got = sorted(((t, c, d) for c, t, d in _messages(data, ids)), key=lambda m: m[0])
+            with inflating(index.uncompressed_size):
+                data = self._chunk_data(self._f.read(length), index)
+                got = sorted(((t, c, d) for c, t, d in _messages(data, ids)), key=lambda m: m[0])
+                data = b""  # the inflated chunk goes before the room is given back
         except RefusedError as exc:
             at = index.chunk_start_offset
             on_damage(f"chunk at byte {at} skipped: {exc}", self._lost(index, ids))
             return []
         return got
 
-    def _chunk_data(self, body: bytes, index: Any | None) -> bytes:
+    def _chunk_data(self, body: bytes, index: Any | None) -> Buffer:
         """A chunk record's body -> its records, inflated under the caps and checked against
-        its index where it has one."""
+        its index where it has one (an uncompressed chunk: a view of `body`, not a copy)."""
         if len(body) < _CHUNK_HEAD.size + 4:
             raise RefusedError("a chunk record cut short")
         _, _, size, _ = _CHUNK_HEAD.unpack_from(body)
         at = _CHUNK_HEAD.size
         (n,) = struct.unpack_from("<I", body, at)
-        compression = body[at + 4 : at + 4 + n].decode("utf-8", "replace")
+        compression = bytes(body[at + 4 : at + 4 + n]).decode("utf-8", "replace")
         at += 4 + n
         if len(body) < at + 8:
             raise RefusedError("a chunk record cut short")
@@ -217,7 +235,7 @@ class McapFile:
             raise RefusedError("its header and its index disagree on its size or compression")
         if compression not in mx.COMPRESSIONS:
             raise RefusedError(f"an unknown compression {compression[:40]!r}")
-        return inflate(body[at : at + data_length], compression, size)
+        return inflate(memoryview(body)[at : at + data_length], compression, size)
 
     def _lost(self, index: Any, ids: set[int]) -> int | None:
         """Messages of channels `ids` in a chunk, from its message indexes (None: they do not
@@ -235,7 +253,8 @@ class McapFile:
             head = self._f.read(_INDEX_HEAD)
             if len(head) < _INDEX_HEAD or head[0] != mx.MESSAGE_INDEX:
                 return None
-            lost += struct.unpack_from("<I", head, 11)[0] // 16
+            entries = min(struct.unpack_from("<I", head, 11)[0], index.message_index_length)
+            lost += entries // 16
         return lost
 
     def _walk(self) -> Iterator[tuple[int, int, int]]:
@@ -287,12 +306,19 @@ class McapFile:
                 if length > cap:
                     raise RefusedError(f"a record of {length} bytes, over the {cap} it may be")
                 self._f.seek(at)
-                body = self._f.read(length)
                 if opcode == mx.CHUNK:
-                    got = _messages(self._chunk_data(body, None), walk.ids, walk)
-                    yield from sorted(got, key=lambda m: m[1])
+                    body = self._f.read(length)
+                    with inflating(_declared(body)):
+                        data = self._chunk_data(body, None)
+                        got = sorted(_messages(data, walk.ids, walk), key=lambda m: m[1])
+                        data = body = b""
                 else:
-                    yield from _messages(mx.HEAD.pack(opcode, length) + body, walk.ids, walk)
+                    record = mx.HEAD.pack(opcode, length) + self._f.read(length)
+                    got = _messages(record, walk.ids, walk)
+                data = record = b""
+                got.reverse()
+                while got:  # given one by one: none held here once given
+                    yield got.pop()
             except RefusedError as exc:
                 what = "chunk" if opcode == mx.CHUNK else "record"
                 damaged = f"{what} at byte {at - 9} skipped: {exc}"
@@ -340,14 +366,20 @@ class McapFile:
                 yield self._f.read(length - 9)
 
 
+def _declared(body: bytes) -> int:
+    """The size a chunk record's body says it inflates to (0: too short to say)."""
+    return int(_CHUNK_HEAD.unpack_from(body)[2]) if len(body) >= _CHUNK_HEAD.size else 0
+
+
 def _messages(
-    data: bytes, ids: set[int], walk: _Walk | None = None
+    data: Buffer, ids: set[int], walk: _Walk | None = None
 ) -> list[tuple[int, int, bytes]]:
     """(channel, log time, data) of the messages of channels `ids` among the records of
-    `data`; with `walk`, its schemas and channels are learnt (and a channel of its topic added
-    to `ids`)."""
+    `data` (each message's bytes copied once: the chunk is not kept alive by them); with
+    `walk`, its schemas and channels are learnt (and a channel of its topic added to `ids`)."""
     from mcap import records as r
 
+    view = memoryview(data)
     out = []
     for opcode, at, length in mx.records(data):
         if opcode == mx.MESSAGE:
@@ -355,11 +387,12 @@ def _messages(
                 raise RefusedError("a message record cut short")
             channel_id, _, log_time, _ = _MESSAGE_HEAD.unpack_from(data, at)
             if channel_id in ids:
-                out.append((channel_id, log_time, data[at + _MESSAGE_HEAD.size : at + length]))
+                message = bytes(view[at + _MESSAGE_HEAD.size : at + length])
+                out.append((channel_id, log_time, message))
         elif walk is not None and opcode in (mx.SCHEMA, mx.CHANNEL):
             kind = r.Schema if opcode == mx.SCHEMA else r.Channel
             try:
-                record = mx.parse(kind, data[at : at + length])
+                record = mx.parse(kind, bytes(view[at : at + length]))
             except Exception as exc:
                 raise RefusedError(f"a damaged {kind.__name__} record ({exc})") from None
             if opcode == mx.SCHEMA:

@@ -23,7 +23,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,9 @@ from drivepercept.types import ReaderStatus
 log = logging.getLogger(__name__)
 
 REORDER_WINDOW = 8  # messages held back so that a few out of stamp order are put right
+# ... holding at most one frame past this many bytes: a window of 8 frames at the frame limit
+# would hold 2 GiB (frames that large are put in order one or two at a time)
+REORDER_BYTES = 64 << 20
 FIRST_TRIED = 32  # messages tried at open for a first frame that decodes (it gives the size)
 # the trailing parts of an image topic that say how it is encoded, not which camera it is
 _IMAGE_SUFFIXES = frozenset(
@@ -197,6 +200,7 @@ class RecordingReader:
         self.chunks_skipped = 0  # chunks of the container that held (or may hold) the topic
         self._state = _FileState()
         self._pending: list[tuple[int, int, RawFrame]] = []
+        self._pending_bytes = 0
         self._order = itertools.count()
         self._exhausted = False
         self._error: SourceError | None = None
@@ -226,7 +230,7 @@ class RecordingReader:
                 height, width = self._pending[0][2].image_bgr.shape[:2]
                 return width, height
             except Exception as exc:  # this frame refused or undecodable: the next one
-                heapq.heappop(self._pending)
+                self._pop()
                 self._skip(f"{type(exc).__name__}: {exc}")
                 last = exc
         if last is None:
@@ -264,15 +268,25 @@ class RecordingReader:
                 raise
             except Exception as exc:  # the container itself is damaged: nothing after it reads
                 raise _DamagedError(f"{type(exc).__name__}: {exc}".rstrip(": ")) from None
-            try:
-                msg = decode()
-                return rosimage.to_frame(msg, typename, log_time_ns=log_time, arrived_ns=started)
-            except rosimage.UnsupportedEncodingError:
-                if not self._pending and not self.frames_seen:
-                    raise
-                self._skip("an unsupported encoding")
-            except Exception as exc:  # a damaged message (CorruptFrameError, bad CDR): this frame
-                self._skip(f"{type(exc).__name__}: {exc}")
+            frame = self._frame(decode, typename, log_time, started)
+            if frame is not None:
+                return frame
+            del decode  # a skipped message is not held while the next is read (256 MiB...)
+
+    def _frame(
+        self, decode: Callable[[], Any], typename: str, log_time: int, started: int
+    ) -> RawFrame | None:
+        """The message decoded into a frame; None when it is skipped (counted)."""
+        try:
+            msg = decode()
+            return rosimage.to_frame(msg, typename, log_time_ns=log_time, arrived_ns=started)
+        except rosimage.UnsupportedEncodingError:
+            if not self._pending and not self.frames_seen:
+                raise
+            self._skip("an unsupported encoding")
+        except Exception as exc:  # a damaged message (CorruptFrameError, bad CDR): this frame
+            self._skip(f"{type(exc).__name__}: {exc}")
+        return None
 
     def _said(self, exc: SourceError) -> SourceError:
         """The error to raise for `exc`: a damaged container says how far the topic read."""
@@ -288,17 +302,21 @@ class RecordingReader:
         self._skipped_log.warn("%s %s: a message skipped: %s", self.path, self.topic, why[:200])
 
     def _damaged(self, why: str, lost: int | None) -> None:
-        """A chunk that cannot be read, skipped: its frames of the topic (`lost`, None when
-        its index does not say: counted as one) are counted undecodable."""
+        """A chunk that cannot be read, skipped: its frames of the topic (`lost`, as its index
+        says; at least one, and one when nothing says) are counted undecodable."""
         self.chunks_skipped += 1
-        self.undecodable += 1 if lost is None else lost
-        said = "frames of it unknown, counted as one" if lost is None else f"{lost} frames of it"
+        self.undecodable += lost or 1
+        said = f"{lost} frames of it" if lost else "its frames unknown, counted as one"
         self._damage_log.warn("%s %s: a %s (%s)", self.path, self.topic, why[:300], said)
 
     def _fill(self) -> None:
         """Read ahead to `REORDER_WINDOW` messages. A damaged or cut container found while
         frames are held back is raised once they have been given (`read`)."""
-        while not self._exhausted and len(self._pending) < REORDER_WINDOW:
+        while (
+            not self._exhausted
+            and len(self._pending) < REORDER_WINDOW
+            and self._pending_bytes < REORDER_BYTES
+        ):
             try:
                 got = self._next_message()
             except SourceError as exc:
@@ -311,6 +329,7 @@ class RecordingReader:
                 break
             assert got.stamp_ns is not None
             heapq.heappush(self._pending, (got.stamp_ns, next(self._order), got))
+            self._pending_bytes += _size(got)
 
     def read(self) -> RawFrame | None:
         self._fill()
@@ -319,18 +338,31 @@ class RecordingReader:
                 raise self._said(self._error)
             self._state.ended = True
             return None
-        _, _, frame = heapq.heappop(self._pending)
+        frame = self._pop()
         self.frames_seen += 1
+        return frame
+
+    def _pop(self) -> RawFrame:
+        _, _, frame = heapq.heappop(self._pending)
+        self._pending_bytes -= _size(frame)
         return frame
 
     def status(self) -> ReaderStatus:
         return self._state.status()
 
     def close(self) -> None:
-        self._pending = []
+        self._pending, self._pending_bytes = [], 0
         self._skipped_log.close()
         self._damage_log.close()
         self._rec.close()
+
+
+def _size(frame: RawFrame) -> int:
+    """The bytes a frame came with (encoded, else its pixels): the same before and after
+    it is decoded."""
+    if frame.jpeg is not None:
+        return len(frame.jpeg)
+    return frame.image.nbytes if frame.image is not None else 0
 
 
 def read_attachment(path: str | Path, name: str) -> bytes | None:

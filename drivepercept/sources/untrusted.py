@@ -12,11 +12,11 @@ declared size over the limit nor a stream longer than it declares costs more tha
 from __future__ import annotations
 
 import collections
-import io
+import contextlib
 import os
 import stat
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -32,6 +32,7 @@ MAX_CHUNK_BYTES = MAX_FRAME_BYTES + 16 * MiB
 MAX_METADATA_BYTES = MiB  # a ROS 2 bag's metadata.yaml: a few KB in a real bag
 
 T = TypeVar("T")
+Buffer = bytes | memoryview
 
 
 class RefusedError(Exception):
@@ -107,12 +108,37 @@ def version_key(st: os.stat_result, what: str) -> Hashable:
     return (what, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+_budget = threading.Condition()
+_inflating = [0]  # bytes being inflated now, by every reader of this process
+
+
+@contextlib.contextmanager
+def inflating(size: int) -> Iterator[None]:
+    """Room for `size` bytes inflated (and their messages taken out) in this process: while
+    `MAX_CHUNK_BYTES` are being inflated, another reader waits. Each camera reads on its own
+    thread; without this, six cameras reading chunks at the limit would inflate six at once
+    (two copies of 272 MiB each). Small chunks share the room; one at the limit has it alone
+    (a chunk over the limit is refused before it asks)."""
+    size = min(max(size, 0), MAX_CHUNK_BYTES)
+    with _budget:
+        while _inflating[0] and _inflating[0] + size > MAX_CHUNK_BYTES:
+            _budget.wait(1.0)  # the holder inflates one chunk: seconds at most
+        _inflating[0] += size
+    try:
+        yield
+    finally:
+        with _budget:
+            _inflating[0] -= size
+            _budget.notify_all()
+
+
 def inflate(
-    data: bytes, compression: str, size: int | None, *, cap: int = MAX_CHUNK_BYTES
-) -> bytes:
+    data: Buffer, compression: str, size: int | None, *, cap: int = MAX_CHUNK_BYTES
+) -> Buffer:
     """`data` inflated (`compression`: "" or "none", "zstd", "lz4", "bz2") to the `size`
     bytes it declares, checked against `cap` first, never taking more than `size + 1` bytes
-    from the decompressor; `size` None: whatever it inflates to, up to `cap`.
+    from the decompressor; `size` None: whatever it inflates to, up to `cap`. Uncompressed
+    data comes back as it was given (a view stays a view: no copy of a 256 MiB chunk).
 
     Raises:
         RefusedError: `size` over `cap`, data that inflates to more or less than `size` (or
@@ -135,7 +161,7 @@ def inflate(
     return out
 
 
-def _inflate(data: bytes, compression: str, most: int) -> bytes:
+def _inflate(data: Buffer, compression: str, most: int) -> Buffer:
     """At most `most` bytes of `data` inflated (`zstandard.decompress` and `lz4.frame.
     decompress` would trust the frame header's content size, or inflate all of it)."""
     if compression in ("", "none"):
@@ -143,9 +169,8 @@ def _inflate(data: bytes, compression: str, most: int) -> bytes:
     if compression == "zstd":
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(
-            io.BytesIO(data), read_across_frames=True
-        )
+        # (read from the buffer itself: io.BytesIO would copy a view)
+        reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
         pieces, got = [], 0
         while got < most and (piece := reader.read(most - got)):
             pieces.append(piece)
