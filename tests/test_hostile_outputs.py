@@ -265,6 +265,25 @@ def test_native_stderr_goes_to_the_log_and_comes_back(caplog: pytest.LogCaptureF
     assert os.environ["RUST_LOG"]  # set for Rerun, unless it was
 
 
+def test_a_crash_while_native_stderr_is_logged_still_reaches_the_real_stderr() -> None:
+    # given a process whose native stderr goes to the log, as the CLI's does
+    crash = (
+        "import argparse, faulthandler\n"
+        "from drivepercept.run.console import quiet_native\n"
+        "args = argparse.Namespace(verbose=False, debug=False, command='replay')\n"
+        "with quiet_native(args):\n"
+        "    faulthandler._sigsegv()\n"
+    )
+    # when native code crashes it (a segmentation fault)
+    proc = subprocess.run(
+        [sys.executable, "-c", crash], capture_output=True, text=True, timeout=60, check=False
+    )
+    # then the crash's traceback is on the real stderr, not lost in the pipe with the process
+    assert proc.returncode != 0
+    assert "Fatal Python error: Segmentation fault" in proc.stderr, proc.stderr
+    assert "<string>" in proc.stderr  # where it crashed
+
+
 @pytest.mark.slow  # two command-line runs in children: ~10 s of CPU
 def test_a_cli_run_on_a_damaged_jpeg_prints_one_error_line_and_no_libjpeg(tmp_path: Path) -> None:
     from hostile import with_junk

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import logging
 import math
 import os
@@ -68,7 +69,10 @@ def native_stderr_logged() -> Iterator[None]:
     `native-stderr` into the log (`drivepercept.native`, INFO, one record a line, colours
     taken out), while `sys.stderr` (and the log handlers on it) write to a duplicate of the
     real stderr. Put back as it was at the end; a child process that still holds the pipe
-    leaves the (daemon) thread to it. Does nothing where there is no file descriptor 2."""
+    leaves the (daemon) thread to it. Does nothing where there is no file descriptor 2.
+    A crash (a fatal signal in native code) would end the process before the thread logs
+    what it said: for the block, Python's faulthandler writes the crash's traceback to the
+    real stderr (unless it was already on)."""
     try:
         real = os.dup(2)
     except OSError:
@@ -90,6 +94,9 @@ def native_stderr_logged() -> Iterator[None]:
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
+    crash_report = not faulthandler.is_enabled()
+    if crash_report:
+        faulthandler.enable(file=real, all_threads=True)
     drain = threading.Thread(target=_drain, args=(read_end,), name="native-stderr", daemon=True)
     drain.start()
     try:
@@ -97,6 +104,8 @@ def native_stderr_logged() -> Iterator[None]:
     finally:
         if swapped is not None:
             swapped.flush()
+        if crash_report:
+            faulthandler.disable()
         os.dup2(real, 2)  # the pipe's last writer in this process: the drain reads its end
         drain.join(timeout=1.0)
         if not drain.is_alive():
