@@ -12,9 +12,9 @@ from drivepercept.fleet.scheduler import FleetProgress
 class FleetBar:
     """One line on stderr, redrawn in place: drives done, failures, frames, frames/s."""
 
-    def __init__(self, *, enabled: bool, out: TextIO = sys.stderr) -> None:
+    def __init__(self, *, enabled: bool, out: TextIO | None = None) -> None:
         self.enabled = enabled
-        self.out = out
+        self.out = out or sys.stderr  # when made, not at import: the CLI may have swapped it
         self.drawn = False
 
     def __call__(self, p: FleetProgress) -> None:
