@@ -26,6 +26,7 @@ pytest.importorskip("rosbags")
 import craftedrecordings as cr
 from children import cli
 
+from drivepercept.recording import messages as msgs
 from drivepercept.sources.containers import open_container
 from drivepercept.sources.readers import SourceError
 from drivepercept.sources.recordings import RecordingReader
@@ -340,21 +341,72 @@ def test_statistics_claiming_10_to_the_12_messages_are_a_hint(
     assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {"front": 20, "back": 20}
 
 
+@pytest.mark.parametrize("read", ["indexed", "front to back"])
 def test_a_damaged_chunk_is_skipped_and_the_frames_after_it_read(
-    in_process: Cli, tmp_path: Path
+    in_process: Cli, tmp_path: Path, read: str
 ) -> None:
+    # given a drive with a chunk halfway whose zstd data is garbage (its summary whole, or
+    # cut so that the file is read front to back)
     def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
         frame = [(ids["front"], cr.stamp(9) + 1, [cr.image_message(9, "front")])]
         craft.chunk(frame, data=b"\x28\xb5\x2f\xfd not zstd after all", declare=4000)
 
     craft, _ = cr.drive(tmp_path / "damaged.mcap", middle=middle)
-    code, err = _replay(in_process, craft.finish(), tmp_path)
+    code, err = _replay(in_process, craft.finish(cut_summary=read != "indexed"), tmp_path)
+    # then it is skipped and counted (its message index says: one front frame), and every
+    # frame after it is read
     assert code == 3 and len(_lines(err)) == 1, err
     assert "undecodable frames skipped (front: 1)" in _lines(err)[0]
     assert "does not decompress" in err
     frames = _outputs(tmp_path / "r")
     assert frames["front"] == [cr.stamp(k) for k in range(20)]  # those after it too
     assert _undecodable(tmp_path / "r") == {"front": 1, "back": 0}
+
+
+@pytest.mark.parametrize("lie", ["offset", "size", "outside", "compression"])
+def test_a_chunk_index_that_lies_is_checked_against_the_file(tmp_path: Path, lie: str) -> None:
+    craft, _ = cr.drive(tmp_path / "lies.mcap", cameras=("front",), frames=5)
+    index = craft.indexes[2]
+    if lie == "offset":  # into the middle of the chunk
+        index.offset += 7
+    elif lie == "size":
+        index.uncompressed += 1
+    elif lie == "outside":
+        index.offset = 10**12
+    else:
+        index.compression = "brotli"
+    reader = RecordingReader(craft.finish(), FRONT)
+    stamps = []
+    while (frame := reader.read()) is not None:
+        stamps.append(frame.stamp_ns)
+    reader.close()
+    assert stamps == [cr.stamp(k) for k in (0, 1, 3, 4)]
+    assert reader.chunks_skipped == 1 and reader.undecodable == 1
+
+
+def test_a_first_frame_that_cannot_be_used_is_skipped_and_counted(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given a camera whose first two frames are not images, then one whose first 40 are not
+    craft = cr.McapCraft(tmp_path / "first.mcap")
+    ch = craft.channel(FRONT, craft.schema())
+    for k in range(6):
+        data = b"\xff\xd8 not a jpeg" if k < 2 else cr.jpeg(k)
+        m = msgs.compressed_image(cr.stamp(k), "front", "jpeg", data)
+        craft.chunk([(ch, cr.stamp(k), [msgs.serialize(m, msgs.COMPRESSED_IMAGE)])])
+    code, err = _replay(in_process, craft.finish(), tmp_path)
+    # then the size comes from the first that decodes; the two are counted (exit 3)
+    assert code == 3 and "undecodable frames skipped (front: 2)" in _lines(err)[0], err
+    assert _outputs(tmp_path / "r")["front"] == [cr.stamp(k) for k in range(2, 6)]
+    bad = cr.McapCraft(tmp_path / "bad.mcap")
+    ch = bad.channel(FRONT, bad.schema())
+    m = msgs.compressed_image(cr.stamp(0), "front", "jpeg", b"\xff\xd8 not a jpeg")
+    for k in range(40):
+        bad.chunk([(ch, cr.stamp(k), [msgs.serialize(m, msgs.COMPRESSED_IMAGE)])])
+    code, err = _replay(in_process, bad.finish(), tmp_path / "out")
+    assert code == 2 and len(_lines(err)) == 1, err
+    assert "none of the 40 images read can be used (the last: CorruptFrameError" in err
+    _no_traceback(err)
 
 
 def test_a_cut_summary_with_every_frame_read_is_not_a_failure(

@@ -206,6 +206,7 @@ class RecordingReader:
         self._error: SourceError | None = None
         self.frames_seen = 0  # frames given by `read`
         self._skipped_log = RepeatedWarning(log)
+        self._last_skip = ""
         self._damage_log = RepeatedWarning(log)
         try:
             count = next((t.count for t in self._rec.topics() if t.name == topic), None)
@@ -221,7 +222,6 @@ class RecordingReader:
     def _first_size(self) -> tuple[int, int]:
         """(width, height) of the first frame that decodes; the ones before it (refused or
         undecodable) are skipped and counted."""
-        last: Exception | None = None
         for _ in range(FIRST_TRIED):
             self._fill()
             if not self._pending:
@@ -232,12 +232,11 @@ class RecordingReader:
             except Exception as exc:  # this frame refused or undecodable: the next one
                 self._pop()
                 self._skip(f"{type(exc).__name__}: {exc}")
-                last = exc
-        if last is None:
+        if not self.undecodable:
             raise SourceError(f"{self.path}: topic {self.topic} holds no readable image")
         raise SourceError(
-            f"{self.path}: topic {self.topic}: none of its first {self.undecodable} images "
-            f"can be used (the last: {last})"
+            f"{self.path}: topic {self.topic}: none of the {self.undecodable} images read "
+            f"can be used (the last: {self._last_skip})"
         )
 
     def _rate(self) -> float:
@@ -299,6 +298,7 @@ class RecordingReader:
 
     def _skip(self, why: str) -> None:
         self.undecodable += 1
+        self._last_skip = why[:200]
         self._skipped_log.warn("%s %s: a message skipped: %s", self.path, self.topic, why[:200])
 
     def _damaged(self, why: str, lost: int | None) -> None:
