@@ -44,6 +44,7 @@ from drivepercept.sources.untrusted import (
 )
 
 STORAGES = ("mcap", "sqlite3")
+ROS1_MAGIC = b"#ROSBAG V2.0\n"
 _MIN_ROS1_MESSAGE = 12  # a ROS 1 bag's index entry per message: time and offset
 _MIN_SQLITE_MESSAGE = 16  # a SQLite row's id, topic and timestamp at least
 
@@ -209,6 +210,9 @@ class Ros1Bag:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        with open_regular(path) as f:  # rosbags reads its first line whole, however long
+            if f.read(len(ROS1_MAGIC)) != ROS1_MAGIC:
+                raise SourceError(f"{path} is not a ROS 1 bag (it does not start as one)")
         self._reader = any_reader([path])
         self._bag = self._reader.readers[0]
         self._size = path.stat().st_size
