@@ -45,10 +45,13 @@ def _lines(err: str) -> list[str]:
 
 
 def _replay(in_process: Cli, source: Path | str, out: Path, name: str = "r") -> tuple[int, str]:
-    return in_process(
+    """`drivepercept replay SOURCE` in this process: (exit code, stderr), never a traceback."""
+    code, err = in_process(
         ["replay", str(source), "--model", "drivepercept-tiny", "--out", str(out),
          "--name", name, "--no-progress", "--no-report"]
     )  # fmt: skip
+    _no_traceback(err)
+    return code, err
 
 
 def _outputs(run: Path) -> dict[str, list[int]]:
@@ -583,3 +586,23 @@ def test_a_recording_is_parsed_once_for_all_its_cameras(
     for r in readers:
         r.close()
     assert len(cams) == 3 and len(calls) == 1
+
+
+def test_a_bags_metadata_is_parsed_once_for_all_its_cameras(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from drivepercept.sources import bagread, recordings
+
+    bag = cr.ros2_bag(tmp_path / "bag")
+    calls = []
+    real = bagread._parse
+
+    def counted(text: bytes, path: Path) -> Any:
+        calls.append(path)
+        return real(text, path)
+
+    monkeypatch.setattr(bagread, "_parse", counted)
+    cams = recordings.recording_cameras(bag)
+    for reader in [RecordingReader(bag, c.topic or "") for c in cams * 3]:
+        reader.close()
+    assert len(calls) == 1
