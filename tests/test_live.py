@@ -250,7 +250,7 @@ def test_live_rig_carries_on_when_one_camera_fails_for_good() -> None:
 
 
 def test_the_pace_clock_keeps_one_origin_per_recording() -> None:
-    from drivepercept.sources.live import PaceClock
+    from drivepercept.sources.pacing import PaceClock
 
     # given a recording's two topics (stamps near 1.77e18 ns) and a video file (pts from 0)
     clock = PaceClock()

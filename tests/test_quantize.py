@@ -300,12 +300,12 @@ def test_weights_are_7_bit_where_the_cpus_int8_products_saturate(
     avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
     vnni = tmp_path / "vnni"
     vnni.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_vnni\n")
-    monkeypatch.setattr(onnx_quantize.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
     # then the AVX2-only one saturates (7-bit weights), the VNNI one does not, and an
     # unreadable one is taken to (7-bit weights run correctly on every CPU)
     assert onnx_quantize.int8_products_saturate(avx2)
     assert not onnx_quantize.int8_products_saturate(vnni)
     assert onnx_quantize.int8_products_saturate(tmp_path / "missing")
     # and an ARM CPU accumulates in 32 bits: full-range weights
-    monkeypatch.setattr(onnx_quantize.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
     assert not onnx_quantize.int8_products_saturate(avx2)
