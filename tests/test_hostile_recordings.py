@@ -366,6 +366,26 @@ def test_a_damaged_chunk_is_skipped_and_the_frames_after_it_read(
     assert _undecodable(tmp_path / "r") == {"front": 1, "back": 0}
 
 
+def test_a_damaged_chunk_paced_in_real_time_is_counted_too(in_process: Cli, tmp_path: Path) -> None:
+    # given the drive with a damaged chunk halfway, replayed at its own pace (each camera's
+    # reader inside a paced source)
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        frame = [(ids["front"], cr.stamp(9) + 1, [cr.image_message(9, "front")])]
+        craft.chunk(frame, data=b"\x28\xb5\x2f\xfd not zstd after all", declare=4000)
+
+    craft, _ = cr.drive(tmp_path / "damaged.mcap", middle=middle)
+    code, err = in_process(
+        ["replay", str(craft.finish()), "--realtime", "--model", "drivepercept-tiny",
+         "--out", str(tmp_path), "--name", "r", "--no-progress", "--no-report"]
+    )  # fmt: skip
+    _no_traceback(err)
+    # then the damage is counted as in a plain replay (the paced source passes its reader's
+    # count on), not lost with an exit 0
+    assert code == 3, err
+    assert "undecodable frames skipped (front: 1)" in _lines(err)[0]
+    assert _undecodable(tmp_path / "r") == {"front": 1, "back": 0}
+
+
 @pytest.mark.parametrize("lie", ["offset", "size", "outside", "compression"])
 def test_a_chunk_index_that_lies_is_checked_against_the_file(tmp_path: Path, lie: str) -> None:
     craft, _ = cr.drive(tmp_path / "lies.mcap", cameras=("front",), frames=5)

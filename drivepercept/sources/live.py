@@ -107,6 +107,7 @@ class LiveSource:
         self._totals = Totals()
         self._streamed = False
         self._reconnects = RepeatedWarning(log, first=5, every_s=30.0)
+        self._undecodable = 0  # what the readers it closed skipped (a paced file's damage)
         if source.startswith("/dev/") and not Path(source).exists():
             # a device node that is not there is a typo or an unplugged camera: say so now
             raise SourceError(f"camera {camera}: no such camera device {source}")
@@ -285,6 +286,7 @@ class LiveSource:
                 self._failures = 0
                 return got
             why = str(getattr(self._reader, "last_error", "") or "")
+            self._undecodable += int(getattr(self._reader, "undecodable", 0))
             self._reader.close()
             self._reader = None
             if not self.live:
@@ -318,11 +320,19 @@ class LiveSource:
         )
         return not self.stop.wait(delay)
 
+    @property
+    def undecodable(self) -> int:
+        """Frames its readers skipped as undecodable, over every reader it has had: a paced
+        recording's damaged chunks and messages, a paced video's or folder's bad frames
+        (the decoder thread adds them to the camera's count, as for an unpaced file)."""
+        return self._undecodable + int(getattr(self._reader, "undecodable", 0))
+
     def close(self) -> None:
         self._held = None
         self.pace.close()
         self._reconnects.close()
         if self._reader is not None:
+            self._undecodable += int(getattr(self._reader, "undecodable", 0))
             self._reader.close()
             self._reader = None
         if self.state in (CameraState.STREAMING, CameraState.CONNECTING, CameraState.RECONNECTING):
