@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 # How long a run may take to stop after SIGINT or SIGTERM, measured from the signal to the
@@ -38,3 +39,39 @@ def cli(*args: str, **popen: Any) -> subprocess.Popen[str]:
         preexec_fn=_sigint_as_in_a_terminal,  # sets one disposition: takes no lock after fork
         **options,
     )
+
+
+# `drivepercept ARGS` in a child that, as it exits, writes its own peak resident memory to a
+# file. The peak is the kernel's VmHWM (/proc/self/status), the high-water mark of the memory
+# the child mapped after exec: `getrusage`'s ru_maxrss (RUSAGE_SELF in the child, or wait4's
+# for it) also holds the parent's RSS at the fork, so a child of a 1.9 GB test process
+# reported 1.9 GB for a report that took 85 MB.
+_PEAK = """
+import logging, os, sys
+from drivepercept.cli import main
+code = 1
+try:
+    code = main(sys.argv[2:])
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else 2
+finally:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open("/proc/self/status") as status:
+        kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    with open(sys.argv[1], "w") as f:
+        f.write(str(kib * 1024))
+os._exit(code)
+"""
+
+
+def peak_command(peak_file: Path, *args: str) -> list[str]:
+    """The argv of `drivepercept ARGS` that writes its peak resident bytes to `peak_file` as
+    it exits (`read_peak`)."""
+    return [sys.executable, "-c", _PEAK, str(peak_file), *args]
+
+
+def read_peak(peak_file: Path) -> int:
+    """The peak resident bytes a `peak_command` child wrote (the child must have exited)."""
+    return int(peak_file.read_text())

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import children
 import cv2
 import numpy as np
 import pytest
@@ -376,27 +376,15 @@ def test_a_replayed_drive_refuses_the_huge_messages_and_processes_the_rest(
 
 # --------------------------------------------------------------------------- live and memory
 
-_PEAK = """
-import logging, os, resource, sys
-from drivepercept.cli import main
-code = main(sys.argv[2:])
-logging.shutdown()
-with open(sys.argv[1], "w") as f:
-    f.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
-"""
-
 
 def _cli_peak(tmp_path: Path, *args: str, timeout_s: float = 120.0) -> tuple[int, str, int]:
     """`drivepercept ARGS` in a child: (exit code, stderr, its peak resident bytes)."""
     peak = tmp_path / "peak"
     proc = subprocess.run(
-        [sys.executable, "-c", _PEAK, str(peak), *args],
+        children.peak_command(peak, *args),
         capture_output=True, text=True, timeout=timeout_s, check=False,
     )  # fmt: skip
-    return proc.returncode, proc.stderr, int(peak.read_text())
+    return proc.returncode, proc.stderr, children.read_peak(peak)
 
 
 def _live_args(url: str, out: Path) -> list[str]:

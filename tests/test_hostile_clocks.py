@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import children
 import cv2
 import numpy as np
 import pytest
@@ -141,27 +141,15 @@ def test_windows_are_bounded_and_widened_on_a_long_span() -> None:
 
 # ------------------------------------------------------------------ a run folder 54 years long
 
-_PEAK = """
-import logging, os, resource, sys
-from drivepercept.cli import main
-code = main(sys.argv[2:])
-logging.shutdown()
-with open(sys.argv[1], "w") as f:
-    f.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
-"""
-
 
 def _cli_peak(tmp_path: Path, *args: str, timeout_s: float = 120.0) -> tuple[int, str, int]:
     """`drivepercept ARGS` in a child: (exit code, stderr, its peak resident bytes)."""
     peak = tmp_path / "peak"
     proc = subprocess.run(
-        [sys.executable, "-c", _PEAK, str(peak), *args],
+        children.peak_command(peak, *args),
         capture_output=True, text=True, timeout=timeout_s, check=False,
     )  # fmt: skip
-    return proc.returncode, proc.stderr, int(peak.read_text())
+    return proc.returncode, proc.stderr, children.read_peak(peak)
 
 
 def _frame(cam: int, frame: int, capture_ns: int) -> FrameResult:

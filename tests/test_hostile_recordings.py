@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,8 +22,8 @@ import pytest
 pytest.importorskip("mcap")
 pytest.importorskip("rosbags")
 
+import children
 import craftedrecordings as cr
-from children import cli
 
 from drivepercept.recording import messages as msgs
 from drivepercept.sources.containers import open_container
@@ -79,30 +78,27 @@ class Child:
 
 
 def _replay_child(source: Path, out: Path, name: str = "r", timeout_s: float = 240) -> Child:
-    """`drivepercept replay SOURCE` in a child process; its peak RSS from the kernel
-    (wait4's ru_maxrss of that child alone)."""
-    err_path = out / f"{name}.stderr"
+    """`drivepercept replay SOURCE` in a child process; its own peak RSS (VmHWM, which a
+    killed child does not write: the test then fails on it)."""
+    err_path, peak = out / f"{name}.stderr", out / f"{name}.peak"
     out.mkdir(parents=True, exist_ok=True)
     with err_path.open("w") as err:
         started = time.monotonic()
-        proc = cli(
-            "replay", str(source), "--model", "drivepercept-tiny", "--out", str(out),
+        argv = children.peak_command(
+            peak, "replay", str(source), "--model", "drivepercept-tiny", "--out", str(out),
             "--name", name, "--no-progress", "--no-report",
-            stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
-        killer = threading.Timer(timeout_s, proc.kill)
-        killer.start()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         took = time.monotonic() - started
     text = err_path.read_text()
-    print(
-        f"{source.name}: exit {proc.returncode}, peak {usage.ru_maxrss / 1024:.0f} MB, {took:.1f} s"
-    )
-    return Child(proc.returncode, text, usage.ru_maxrss / 1024, took)
+    peak_mb = children.read_peak(peak) / 2**20 if peak.exists() else float("inf")
+    print(f"{source.name}: exit {proc.returncode}, peak {peak_mb:.0f} MB, {took:.1f} s")
+    return Child(proc.returncode, text, peak_mb, took)
 
 
 def _no_traceback(err: str) -> None:
