@@ -3,15 +3,16 @@
 Ctrl-C reaches a program as SIGINT. A suite started as a background job of a non-interactive
 shell (`pytest ... &` in a script, some CI runners) inherits SIGINT *ignored*, and so would
 every child it starts: Python then installs no KeyboardInterrupt handler and the signal does
-nothing, so a Ctrl-C test would fail for the wrong reason. `cli` gives the child SIGINT's
-default disposition before it executes, as a terminal's foreground job has it, so the test
-checks the program, not how the suite was launched. (The program itself leaves an ignored
-SIGINT alone: a background job is meant not to see Ctrl-C.)
+nothing, so a Ctrl-C test would fail for the wrong reason. `cli` starts the child with
+Python's KeyboardInterrupt handler on SIGINT, as a terminal's foreground job has it, so the
+test checks the program, not how the suite was launched. (The program itself leaves an
+ignored SIGINT alone: a background job is meant not to see Ctrl-C.) The handler is set by the
+child's first statement, not by a `preexec_fn` between fork and exec, which Python calls
+unsafe in a parent with threads (a test's camera server).
 """
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,20 +26,19 @@ STOP_S = 2.0
 BUSY_HOST_MARGIN_S = 3.0
 
 
-def _sigint_as_in_a_terminal() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# `python -m drivepercept`, with SIGINT raising KeyboardInterrupt whatever was inherited
+_INTERRUPTIBLE = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('drivepercept', run_name='__main__', alter_sys=True)"
+)
 
 
 def cli(*args: str, **popen: Any) -> subprocess.Popen[str]:
-    """`python -m drivepercept ARGS` started with SIGINT at its default (see the module's
-    docstring); its stdout and stderr piped as text unless `popen` says otherwise."""
+    """`python -m drivepercept ARGS` that Ctrl-C interrupts (see the module's docstring); its
+    stdout and stderr piped as text unless `popen` says otherwise."""
     options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     options.update(popen)
-    return subprocess.Popen(
-        [sys.executable, "-m", "drivepercept", *args],
-        preexec_fn=_sigint_as_in_a_terminal,  # sets one disposition: takes no lock after fork
-        **options,
-    )
+    return subprocess.Popen([sys.executable, "-c", _INTERRUPTIBLE, *args], **options)
 
 
 # `drivepercept ARGS` in a child that, as it exits, writes its own peak resident memory to a
