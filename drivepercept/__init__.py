@@ -31,10 +31,17 @@ __all__ = [
 ]
 
 
+_RIG_NAMES = ("CameraConfig", "RigConfig", "load_rig", "write_rig")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_RIG_NAMES})
+
+
 def __getattr__(name: str) -> Any:
     """The rig's names, imported from `drivepercept.rig` (and numpy with it) on first use:
     importing the package, as the command line does for `--help`, loads only the standard
     library."""
-    if name in {"CameraConfig", "RigConfig", "load_rig", "write_rig"}:
+    if name in _RIG_NAMES:
         return getattr(importlib.import_module("drivepercept.rig"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

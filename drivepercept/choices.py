@@ -3,7 +3,8 @@
 They live here, apart from the modules that act on them (which re-export them), so that the
 parser, and with it `drivepercept --help`, `--version` and every usage error, loads nothing
 but the standard library: no numpy, torch, OpenCV or ONNX Runtime (tests/test_cli.py times
-it in a fresh interpreter). Imports nothing.
+it in a fresh interpreter). Imports nothing of ours, and of the standard library only
+`collections.abc` and `types`.
 """
 
 from __future__ import annotations

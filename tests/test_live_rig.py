@@ -387,7 +387,7 @@ def test_metrics_endpoint_matches_the_run(tmp_path: Path, server: CameraServer) 
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_stops_within_2_s_with_valid_outputs(
+def test_signal_stops_promptly_with_valid_outputs(
     tmp_path: Path, server: CameraServer, sig: signal.Signals
 ) -> None:
     args = [f"--camera={n}={server.url(n)}" for n in NAMES[:2]]
