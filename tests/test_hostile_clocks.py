@@ -95,6 +95,51 @@ def test_a_stamp_jump_waits_at_most_the_max_gap_and_is_said_once(
     assert "1 gap(s)" in said[1] and "31.7 years in all" in said[1]
 
 
+def test_a_stamp_jump_back_re_anchors_the_clock_and_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # given a camera whose stamps jump 54 years back after its third frame, max gap 10 s
+    pace = CameraPace(PaceClock(max_gap_s=10.0), key="drive.mcap", camera="front")
+    now = 1_000 * S
+    dues = []
+    with caplog.at_level(logging.WARNING, logger="drivepercept.sources.pacing"):
+        for stamp in [0, PERIOD_NS, 2 * PERIOD_NS, -YEARS_54, -YEARS_54 + PERIOD_NS]:
+            due = pace.due_ns(T0_NS + stamp, now)
+            dues.append(due)
+            now = max(now, due)  # each frame read once it fell due
+        # then the frame after the jump plays right after the one before it, and the frames
+        # after it keep their own spacing: paced, not all due 54 years ago
+        assert dues[3] == dues[2]
+        assert dues[4] - dues[3] == PERIOD_NS
+        assert pace.jumps_back == 1 and pace.back_ns == YEARS_54 + 2 * PERIOD_NS
+        pace.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert "front: its next frame is stamped 54.0 years before the frame before it" in said[0]
+    assert "1 jump(s) back in its stamps longer than --max-gap-s" in said[1]
+    assert "54.0 years in all" in said[1]
+    assert pace.jumps_back == 0  # (close said them and started over)
+    # and a jump back within the max gap is played as it comes (late), not re-anchored
+    near = CameraPace(PaceClock(max_gap_s=10.0), key="d", camera="c")
+    assert [near.due_ns(s, 0) for s in (20 * S, 11 * S)] == [0, -9 * S]
+    assert near.jumps_back == 0
+
+
+def test_cameras_whose_stamps_jump_back_together_stay_in_step() -> None:
+    clock = PaceClock(max_gap_s=1.0)
+    clock.start("d", 3_600 * S)
+    stamps = [3_600 * S, 3_600 * S + PERIOD_NS, 0, PERIOD_NS]  # both jump an hour back
+    dues: dict[str, list[int]] = {}
+    for name, late_ns in (("front", 0), ("back", 30_000_000)):
+        pace = CameraPace(clock, key="d", camera=name)
+        now, dues[name] = 5 * S + late_ns, []
+        for stamp in stamps:
+            dues[name].append(pace.due_ns(stamp, now))
+            now = dues[name][-1] + late_ns
+    assert dues["front"] == dues["back"]
+    assert dues["front"][2] == dues["front"][1] and dues["front"][3] - dues["front"][2] == PERIOD_NS
+
+
 def test_cameras_whose_stamps_jump_together_stay_in_step() -> None:
     clock = PaceClock(max_gap_s=1.0)
     clock.start("d", 0)
@@ -204,8 +249,9 @@ def _jpeg(value: int) -> bytes:
     return cv2.imencode(".jpg", image)[1].tobytes()
 
 
-def _drive(path: Path, stamps: dict[str, list[int]]) -> Path:
-    """An MCAP of CompressedImage topics, camera -> its frames' stamps."""
+def _drive(path: Path, stamps: dict[str, list[int]], *, logged_in_order: bool = False) -> Path:
+    """An MCAP of CompressedImage topics, camera -> its frames' stamps; logged at those stamps,
+    or (`logged_in_order`) at T0_NS + k periods, so that the file keeps the stamps' order."""
     pytest.importorskip("mcap")
     pytest.importorskip("rosbags")
     from drivepercept.recording import messages as msgs
@@ -216,7 +262,8 @@ def _drive(path: Path, stamps: dict[str, list[int]]) -> Path:
             for k, stamp in enumerate(cam_stamps):
                 m = msgs.compressed_image(stamp, cam, "jpeg", _jpeg(40 * k % 255))
                 topic = f"/{cam}/image_raw/compressed"
-                out.ros2(topic, msgs.COMPRESSED_IMAGE, m, log_time_ns=stamp)
+                logged = T0_NS + k * PERIOD_NS if logged_in_order else stamp
+                out.ros2(topic, msgs.COMPRESSED_IMAGE, m, log_time_ns=logged)
     return path
 
 
@@ -276,6 +323,31 @@ def test_realtime_replay_skips_a_stamp_jump_past_the_max_gap(tmp_path: Path) -> 
     assert "1 gap(s) in its stamps longer than --max-gap-s skipped" in said
     front = json.loads((tmp_path / "r" / "summary.json").read_text())["cameras"]["front"]
     assert front["frames"] + (front["dropped"] or 0) == 6, front  # (live policies: drops)
+    assert peak < PEAK_LIMIT, peak
+    assert took < 60.0
+
+
+@pytest.mark.slow
+def test_realtime_replay_re_anchors_a_stamp_jump_back_past_the_max_gap(tmp_path: Path) -> None:
+    # given a camera whose stamps jump 54 years back after its tenth frame (the reader's
+    # reorder window of 8 frames plays the last 7 before the jump after the ones after it:
+    # a jump back, then one ahead)
+    stamps = [T0_NS + k * PERIOD_NS for k in range(10)]
+    stamps += [T0_NS - YEARS_54 + k * PERIOD_NS for k in range(5)]
+    drive = _drive(tmp_path / "back.mcap", {"front": stamps}, logged_in_order=True)
+    # when it is replayed in real time
+    code, err, peak, took = _realtime(tmp_path, drive, "--max-gap-s", "0.5")
+    # then the jump back is said and counted, and the frames after it are paced: their
+    # latency is the run's, not 54 years
+    assert code == 0, err
+    said = " ".join(_lines(err))
+    assert "front: its next frame is stamped 54.0 years before the frame before it" in said
+    assert "1 jump(s) back in its stamps longer than --max-gap-s re-anchored" in said
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    front = summary["cameras"]["front"]
+    assert front["frames"] + (front["dropped"] or 0) == 15, front  # (live policies: drops)
+    assert summary["end_to_end_ms"]["max_ms"] < 60_000, summary["end_to_end_ms"]
+    assert summary["span_s"] < 10.0
     assert peak < PEAK_LIMIT, peak
     assert took < 60.0
 

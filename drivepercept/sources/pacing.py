@@ -13,6 +13,11 @@ a recording's stamps are untrusted, though, and two things could stall or flood 
 * **A stamp that jumps far ahead** (10^9 s) within a camera: the wait for its next frame is
   capped at `max_gap_s`; the rest of the gap is skipped over (the camera's later frames come
   that much earlier), counted, and said in a warning (`CameraPace`).
+* **A stamp that jumps far back** (years) within a camera: every later frame would be due in
+  the past, so the camera would play unpaced, as fast as it decodes, for the rest of the
+  drive (its frames' latencies years long). A jump back of more than `max_gap_s` re-anchors
+  the camera's clock instead (a negative skip: the frame plays right after the one before
+  it, the later frames that much later), counted and said like a jump ahead.
 
 Waits are therefore bounded by `max_gap_s` (at most `MAX_GAP_LIMIT_S`), and a wait never
 reaches `threading.TIMEOUT_MAX`.
@@ -90,30 +95,39 @@ class CameraPace:
     falls due `max_gap_ns` after the camera's previous frame (after now, for a first frame):
     the camera's later frames come that much earlier too (`skipped_ns`). Measured from the
     previous frame's due time, not from now, so the cameras of one clock whose stamps jump
-    together skip the same amount and stay in step.
+    together skip the same amount and stay in step. Symmetrically, a frame due more than
+    `max_gap_ns` before the previous frame's due time (a jump back in the stamps) is put off
+    to fall due with that previous frame (a negative skip): the later frames come that much
+    later, so the camera stays paced rather than playing every frame late from then on.
     """
 
     def __init__(self, clock: PaceClock, *, key: str, camera: str) -> None:
         self.clock = clock
         self.key = key
         self.camera = camera
-        self.skipped_ns = 0
+        self.skipped_ns = 0  # net: forward gaps skipped less jumps back re-anchored
         self.gaps_skipped = 0
+        self.ahead_skipped_ns = 0  # the forward gaps skipped, in all
+        self.jumps_back = 0
+        self.back_ns = 0  # the jumps back re-anchored, in all (positive)
         self._last_due: int | None = None
         self._warning = RepeatedWarning(log)
+        self._back_warning = RepeatedWarning(log)
 
     def due_ns(self, frame_ns: int | None, now_ns: int) -> int:
         """When the frame whose own time is `frame_ns` falls due (now for a frame without
-        one), with long gaps skipped (the class docstring)."""
+        one), with long gaps skipped and long jumps back re-anchored (the class docstring)."""
         if frame_ns is None:
             due = now_ns
         else:
             due = self.clock.due_ns(self.key, frame_ns, now_ns) - self.skipped_ns
         wait, limit = due - now_ns, self.clock.max_gap_ns
+        previous = now_ns if self._last_due is None else self._last_due
         if wait > limit:
-            base = now_ns if self._last_due is None else min(self._last_due, now_ns)
+            base = min(previous, now_ns)
             skip = due - base - limit
             self.skipped_ns += skip
+            self.ahead_skipped_ns += skip
             self.gaps_skipped += 1
             due -= skip
             self._warning.warn(
@@ -121,6 +135,20 @@ class CameraPace:
                 "after the frame before it (--max-gap-s), the rest of the gap is skipped",
                 self.camera,
                 span_words(wait / 1e9),
+                span_words(limit / 1e9),
+            )
+        elif due < previous - limit:
+            back = previous - due
+            self.skipped_ns -= back
+            self.back_ns += back
+            self.jumps_back += 1
+            due = previous
+            self._back_warning.warn(
+                "camera %s: its next frame is stamped %s before the frame before it (a jump "
+                "back in its stamps, more than --max-gap-s %s); it plays right after it, its "
+                "clock set back by the jump",
+                self.camera,
+                span_words(back / 1e9),
                 span_words(limit / 1e9),
             )
         elif wait > NOTICE_S * 1e9:
@@ -133,16 +161,26 @@ class CameraPace:
         return due
 
     def close(self) -> None:
-        """Say what was skipped in all (once the camera ends)."""
+        """Say what was skipped and re-anchored in all (once the camera ends)."""
         self._warning.close()
+        self._back_warning.close()
         if self.gaps_skipped:
             log.warning(
                 "camera %s: %d gap(s) in its stamps longer than --max-gap-s skipped, %s in all",
                 self.camera,
                 self.gaps_skipped,
-                span_words(self.skipped_ns / 1e9),
+                span_words(self.ahead_skipped_ns / 1e9),
             )
-            self.gaps_skipped, self.skipped_ns = 0, 0
+            self.gaps_skipped, self.ahead_skipped_ns = 0, 0
+        if self.jumps_back:
+            log.warning(
+                "camera %s: %d jump(s) back in its stamps longer than --max-gap-s re-anchored, "
+                "%s in all",
+                self.camera,
+                self.jumps_back,
+                span_words(self.back_ns / 1e9),
+            )
+            self.jumps_back, self.back_ns = 0, 0
 
 
 def clock_groups(firsts: Mapping[str, int], *, max_apart_ns: int) -> list[list[str]]:
