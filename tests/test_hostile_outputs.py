@@ -116,7 +116,7 @@ def test_mcap_or_rerun_save_over_an_input_video_is_refused(in_process: Cli, tmp_
     assert _sha(video) == before
 
 
-def test_outputs_inside_an_input_folder_or_over_each_other_are_refused(
+def test_output_files_inside_an_input_folder_or_over_each_other_are_refused(
     in_process: Cli, tmp_path: Path
 ) -> None:
     images = _folder(tmp_path / "images", {f"{k:03d}.jpg": _jpeg(40 * k) for k in range(3)})
@@ -128,10 +128,6 @@ def test_outputs_inside_an_input_folder_or_over_each_other_are_refused(
             f"--mcap {images / 'new.mcap'} is inside the input folder {images}",
         ),
         (["--mcap", str(images / "000.jpg")], "is inside the input folder"),
-        (
-            ["--out", str(images / "runs")],
-            f"--out {images / 'runs'} is inside the input folder {images}",
-        ),
         (
             ["--mcap", str(out), "--rerun-save", str(out)],
             f"--mcap {out} is also --rerun-save {out}",
@@ -188,6 +184,58 @@ def test_a_rig_file_is_an_input_too(in_process: Cli, tmp_path: Path) -> None:
     code, err = in_process(["replay", str(rig), "--mcap", str(rig), "--out", str(tmp_path), *TINY])
     assert code == 2 and f"--mcap {rig} is the input {rig}" in _one_line(err), err
     assert _sha(rig) == before
+
+
+def test_the_run_folder_inside_an_input_folder_is_fine(
+    in_process: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given an image folder and a ROS 2 bag folder
+    images = _folder(tmp_path / "images", {f"{k:03d}.jpg": _jpeg(40 * k) for k in range(2)})
+    bag = _ros2_bag(tmp_path / "bag")
+    sums = {p: _sha(p) for p in [*images.iterdir(), *bag.iterdir()]}
+    # when each is replayed with its runs kept inside it: `cd images && drivepercept replay .`
+    # with the default --out, and --out the bag folder itself
+    monkeypatch.chdir(images)
+    code, err = in_process(["replay", ".", "--name", "r", *TINY])
+    assert code == 0, err
+    code, err = in_process(["replay", str(bag), "--out", str(bag), "--name", "r", *TINY])
+    assert code == 0, err
+    # then each run is written in a new folder there, and every input is unchanged
+    assert (images / "runs" / "r" / "run.json").is_file() and (bag / "r" / "run.json").is_file()
+    assert {p: _sha(p) for p in sums} == sums
+
+
+def test_an_output_file_inside_the_named_run_folder_is_refused(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given a run named r under runs/, and an earlier run of that name whose files exist
+    images = _folder(tmp_path / "images", {f"{k:03d}.jpg": _jpeg(40 * k) for k in range(2)})
+    runs = tmp_path / "runs"
+    (runs / "old").mkdir(parents=True)
+    (runs / "old" / "run.json").write_text("{}")
+    (runs / "old" / "link").symlink_to(runs / "r", target_is_directory=True)
+    cases = [
+        (["--mcap", str(runs / "r" / "detections.jsonl")], "detections.jsonl is inside"),
+        (["--rerun-save", str(runs / "r" / "run.json")], "run.json is inside"),
+        (["--mcap", str(runs / "r")], f"--mcap {runs / 'r'} is the run folder"),
+        (["--mcap", str(runs / "old" / "link" / "x.mcap")], "x.mcap is inside"),
+    ]
+    for flags, phrase in cases:
+        # when --mcap or --rerun-save names a file inside the run folder the run will write
+        code, err = in_process(
+            ["replay", str(images), "--out", str(runs), "--name", "r", *flags, *TINY]
+        )
+        # then it is refused in one line naming both, before anything is written
+        assert code == 2, err
+        line = _one_line(err)
+        assert phrase in line and f"the run folder {runs / 'r'} (--out {runs} --name r)" in line
+        assert sorted(p.name for p in runs.iterdir()) == ["old"]
+    # and an output file outside it (in the earlier run's folder) is fine
+    code, err = in_process(
+        ["replay", str(images), "--out", str(runs), "--name", "r",
+         "--mcap", str(runs / "old" / "x.mcap"), *TINY]
+    )  # fmt: skip
+    assert code == 0 and (runs / "old" / "x.mcap").is_file(), err
 
 
 def test_an_output_beside_its_inputs_is_fine(in_process: Cli, tmp_path: Path) -> None:

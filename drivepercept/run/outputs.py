@@ -2,13 +2,16 @@
 anything is opened), written whole at the end (interrupts held back), and the metrics
 endpoint's last minutes.
 
-`check_outputs` compares every output path a run will write (`--mcap`, `--rerun-save`, the
-run folder under `--out`, and with it the annotated videos) with every input (the rig file,
-videos, image folders and their files, recordings, ROS 2 bag folders and their storage
-files) and with the other outputs: by `os.path.samefile` where both exist (a hard link or a
-symlink to an input is that input), else by their resolved paths, equal or one inside the
-other. A clash is a `ConfigError` naming both, before a reader or a writer is opened: an
-`--mcap` over the replayed drive would otherwise truncate it.
+`check_outputs` compares the output files a run will write (`--mcap`, `--rerun-save`) with
+every input (the rig file, videos, image folders and their files, recordings, ROS 2 bag
+folders and their storage files), with each other, and, where `--name` names it in advance,
+with the run folder: by `os.path.samefile` where both exist (a hard link or a symlink to an
+input is that input), else by their resolved paths, equal or one inside the other. A clash
+is a `ConfigError` naming both, before a reader or a writer is opened: an `--mcap` over the
+replayed drive would otherwise truncate it. The run folder itself (`--out`) is not compared
+with the inputs: `make_run_dir` always makes a new folder, so nothing in it can be an input
+(`cd frames && drivepercept replay .` keeps its runs in `frames/runs`; image folders list
+their own files only, bags their storage files by name).
 """
 
 from __future__ import annotations
@@ -65,13 +68,16 @@ class _Input:
                         st = entry.stat()
                         self.entries.add((st.st_dev, st.st_ino))
 
-    def clash(self, out: Path) -> str | None:
-        """How output `out` would write over this input (None: it would not)."""
+    def clash(self, out: Path, *, folder: bool = False) -> str | None:
+        """How output `out` would write over this path (None: it would not): "is" the path,
+        or "is inside" it where it is a folder (or, `folder`, one still to be made)."""
         resolved, identity = _resolved(out), _identity(out)
         if resolved == self.resolved or (identity is not None and identity == self.identity):
-            return f"is the input {self.path}"
-        if self.folder and (resolved.is_relative_to(self.resolved) or identity in self.entries):
-            return f"is inside the input folder {self.path}"
+            return "is"
+        if (self.folder or folder) and (
+            resolved.is_relative_to(self.resolved) or identity in self.entries
+        ):
+            return "is inside"
         return None
 
 
@@ -91,9 +97,9 @@ def input_paths(options: RunOptions, cams: Sequence[CameraConfig]) -> list[Path]
     return list(found.values())
 
 
-def output_paths(options: RunOptions) -> list[tuple[str, Path]]:
-    """(flag, path) of every output path the run will write to: --out first."""
-    outs = [("--out", options.out_root)]
+def output_files(options: RunOptions) -> list[tuple[str, Path]]:
+    """(flag, path) of every output file the run writes outside its run folder."""
+    outs = []
     if options.mcap is not None:
         outs.append(("--mcap", options.mcap))
     if options.rerun is not None and options.rerun.path is not None:
@@ -102,23 +108,35 @@ def output_paths(options: RunOptions) -> list[tuple[str, Path]]:
 
 
 def check_outputs(options: RunOptions, cams: Sequence[CameraConfig]) -> None:
-    """Refuse a run whose outputs would write over one of its inputs or over each other (the
-    module docstring). Called once the sources are resolved, before any reader or writer
-    opens.
+    """Refuse a run whose output files would write over one of its inputs, over each other or
+    into its own run folder (the module docstring). Called once the sources are resolved,
+    before any reader or writer opens.
 
     Raises:
         ConfigError: one line naming the output and the input (or the other output).
     """
     inputs = [_Input(p) for p in input_paths(options, cams)]
-    outputs = output_paths(options)
-    for flag, out in outputs:
+    files = output_files(options)
+    for flag, out in files:
         for source in inputs:
-            # the run folder is made new under --out: only an input folder can hold it (over
-            # a file, it cannot be made: that error names it)
-            why = source.clash(out) if flag != "--out" or source.folder else None
-            if why:
-                raise ConfigError(f"{flag} {out} {why}: an output is never written over an input")
-    files = outputs[1:]  # --mcap, --rerun-save
+            how = source.clash(out)
+            if how:
+                where = "the input" if how == "is" else "the input folder"
+                raise ConfigError(
+                    f"{flag} {out} {how} {where} {source.path}: an output is never written "
+                    "over an input"
+                )
+    if options.name is not None:  # the run folder's name is known before it is made
+        run_dir = options.out_root / options.name
+        own = _Input(run_dir)
+        for flag, out in files:
+            how = own.clash(out, folder=True)
+            if how:
+                raise ConfigError(
+                    f"{flag} {out} {how} the run folder {run_dir} (--out "
+                    f"{options.out_root} --name {options.name}), whose files the run writes: "
+                    "put it outside"
+                )
     for k, (flag, out) in enumerate(files):
         for other_flag, other in files[k + 1 :]:
             if _Input(other).clash(out) is not None or _Input(out).clash(other) is not None:
