@@ -15,9 +15,9 @@ camera or an image folder holds. OpenCV picks its decoder by the bytes, not the 
 format is told by the bytes here too.
 
 Each reader is bounded by the header, not by the data: a JPEG's walk to its frame header is
-one regular-expression match per marker (junk of any length costs C time, not a Python loop
-a byte) and gives up after `MAX_SEGMENTS` segments; a TIFF's directory is read for at most
-`MAX_TIFF_ENTRIES` entries.
+one regular-expression search per marker (junk costs C time, not a Python loop a byte, and
+no memory), reads at most `MAX_JPEG_JUNK_BYTES` of junk in all and gives up after
+`MAX_SEGMENTS` segments; a TIFF's directory is read for at most `MAX_TIFF_ENTRIES` entries.
 """
 
 from __future__ import annotations
@@ -44,9 +44,16 @@ _SOF_REFUSED = frozenset({0xC5, 0xC6, 0xC7, 0xC8, 0xCD, 0xCE, 0xCF})
 _SKIPPED = frozenset({0xC4, 0xCC, 0xDB, 0xDC, 0xDD, 0xFE, *range(0xE0, 0xF0)})
 # markers without a length: RST0-7, TEM
 _BARE = frozenset({0x01, *range(0xD0, 0xD8)})
-# libjpeg's next_marker: any bytes up to an 0xFF, fill bytes (more 0xFF), and a stuffed
-# `FF 00` is data, skipped like the rest; then the marker. Possessive: linear in the junk.
-_NEXT_MARKER = re.compile(rb"(?:[^\xff]|\xff+\x00)*+\xff+[^\x00\xff]")
+# libjpeg's next_marker skips any bytes up to an 0xFF, fill bytes (more 0xFF), and a stuffed
+# `FF 00` as data, and takes the byte after the 0xFF run as the marker: the marker is the
+# first 0xFF followed by neither 0x00 nor 0xFF. A plain search: no backtracking and no memory
+# (a possessive `*+` needs Python 3.11; its 3.10 form, an atomic group made of a lookahead
+# and a backreference, kept about 100 bytes a junk token: 1.1 GB for 8 MiB of junk).
+_NEXT_MARKER = re.compile(rb"\xff[^\x00\xff]")
+# junk and fill bytes read before the frame header, in all: a camera's JPEG has none, or a
+# few; more is refused (libjpeg would skip any amount), so that a frame of junk costs a
+# bounded scan (1 MiB: about 15 ms at worst), not one of its whole size
+MAX_JPEG_JUNK_BYTES = 1 << 20
 # segments before the frame header: a camera's JPEG has a handful (APPn, DQT, DHT, COM; an
 # ICC profile split over APP2 segments a few dozen); a file of a million 4-byte comments
 # would cost seconds of Python to walk, and is refused
@@ -60,16 +67,18 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     junk too). None when libjpeg would not decode it: no SOI, an SOS or EOI before the frame
     header, an unsupported or unknown marker, a cut segment, a height of 0 (set later by a
     DNL marker: the size is not in the header), no components or more than 4 (libjpeg
-    converts 1, 3 and 4 to colour), or more than `MAX_SEGMENTS` segments before the frame
-    header."""
+    converts 1, 3 and 4 to colour), or more than `MAX_SEGMENTS` segments or
+    `MAX_JPEG_JUNK_BYTES` of junk before the frame header."""
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return None
-    i = 2
+    i, junk_left = 2, MAX_JPEG_JUNK_BYTES
     for _ in range(MAX_SEGMENTS):
-        found = _NEXT_MARKER.match(data, i)
-        if found is None:  # the data ends before the next marker
+        # searched no further than the junk left allows: a marker found is within it
+        found = _NEXT_MARKER.search(data, i, min(n, i + junk_left + 2))
+        if found is None:  # the data ends before the next marker, or the junk is too long
             return None
+        junk_left -= found.start() - i
         i = found.end()
         marker = data[i - 1]
         if marker in _BARE:
