@@ -52,31 +52,74 @@ def _decodes(data: bytes) -> tuple[int, int] | None:
     return None if image is None else (image.shape[1], image.shape[0])
 
 
-def _tiff(
-    width: int, height: int, *, big_endian: bool = False, bigtiff: bool = False,
-    samples: int = 3, bits: int = 8,
+# TIFF field types: BYTE, SHORT, LONG, SBYTE, SSHORT, SLONG, FLOAT (not read), LONG8, SLONG8
+BYTE, SHORT, LONG, SBYTE, SSHORT, SLONG, FLOAT, LONG8, SLONG8 = 1, 3, 4, 6, 8, 9, 11, 16, 17
+_TIFF_SIZES = {BYTE: 1, SHORT: 2, LONG: 4, SBYTE: 1, SSHORT: 2, SLONG: 4, FLOAT: 4, LONG8: 8,
+               SLONG8: 8}  # fmt: skip
+TiffEntry = tuple[int, int, list[int]]  # tag, field type, values
+
+
+def _tiff_file(
+    entries: list[TiffEntry], *, pixels: bytes = b"", big_endian: bool = False,
+    bigtiff: bool = False,
 ) -> bytes:  # fmt: skip
-    """A TIFF header and first directory by hand: ImageWidth and ImageLength as LONGs,
-    SamplesPerPixel, BitsPerSample (its three values out of line)."""
+    """A TIFF by hand: its header, `pixels` (from offset 8, or 16 for BigTIFF), then its
+    first directory holding `entries` in the order given (duplicates too), their values in
+    the field when they fit, else after the directory."""
     order: Any = "big" if big_endian else "little"
     word, count_size, entry_size = (8, 8, 20) if bigtiff else (4, 2, 12)
 
-    def n(value: int, size: int) -> bytes:
-        return value.to_bytes(size, order)
+    def n(value: int, size: int, signed: bool = False) -> bytes:
+        return value.to_bytes(size, order, signed=signed)
 
+    pixels += b"\0" * (len(pixels) % 2)  # the directory at an even offset
+    directory = (16 if bigtiff else 8) + len(pixels)
     mark = (b"MM" if big_endian else b"II") + n(43 if bigtiff else 42, 2)
-    head = mark + (n(8, 2) + n(0, 2) + n(16, 8) if bigtiff else n(8, 4))
-    entries = [(256, 4, width), (257, 4, height), (258, 3, None), (277, 3, samples)]
-    bits_at = len(head) + count_size + len(entries) * entry_size + word
-    body = n(len(entries), count_size)
-    for tag, kind, value in entries:
-        if value is not None:
-            field = n(value, 2 if kind == 3 else 4)
-        else:  # three SHORTs: in the field itself when they fit (BigTIFF), else out of line
-            field = n(bits, 2) * 3 if bigtiff else n(bits_at, word)
-        body += n(tag, 2) + n(kind, 2) + n(3 if value is None else 1, word)
-        body += field + b"\0" * (word - len(field))
-    return head + body + n(0, word) + n(bits, 2) * 3
+    head = mark + (n(8, 2) + n(0, 2) + n(directory, 8) if bigtiff else n(directory, 4))
+    after = directory + count_size + len(entries) * entry_size + word
+    body, values = n(len(entries), count_size), b""
+    for tag, kind, items in entries:
+        size, signed = _TIFF_SIZES[kind], kind in (SBYTE, SSHORT, SLONG, SLONG8)
+        packed = b"".join(n(v, size, signed) for v in items)
+        if len(packed) > word:
+            packed, values = n(after + len(values), word), values + packed
+        body += n(tag, 2) + n(kind, 2) + n(len(items), word) + packed.ljust(word, b"\0")
+    return head + pixels + body + n(0, word) + values
+
+
+def _tiff(
+    width: int, height: int, *, big_endian: bool = False, bigtiff: bool = False,
+    samples: int = 3, bits: int = 8, more: tuple[TiffEntry, ...] = (),
+) -> bytes:  # fmt: skip
+    """A TIFF header and first directory: ImageWidth and ImageLength as LONGs,
+    BitsPerSample (three SHORTs: out of line in a classic TIFF), SamplesPerPixel, `more`."""
+    entries = [(256, LONG, [width]), (257, LONG, [height]), (258, SHORT, [bits] * 3),
+               (277, SHORT, [samples]), *more]  # fmt: skip
+    return _tiff_file(sorted(entries), big_endian=big_endian, bigtiff=bigtiff)
+
+
+def _rgb_tiff(
+    width: int = 64, height: int = 48, *, tile: tuple[int, int] | None = None,
+    rows: int | None = None, widths: tuple[TiffEntry, ...] = (),
+) -> bytes:  # fmt: skip
+    """A TIFF OpenCV decodes: 8-bit RGB, uncompressed, in one strip of `rows` rows (None:
+    no RowsPerStrip, the default) or in tiles of `tile` (width, height); `widths`: its
+    ImageWidth entries, first in the directory (else one LONG of `width`)."""
+    grey = 90
+    if tile is None:
+        pixels = bytes([grey]) * (width * height * 3)
+        layout = [(273, LONG, [8]), (279, LONG, [len(pixels)])]
+        layout += [] if rows is None else [(278, LONG, [rows])]
+    else:
+        across, down = -(-width // tile[0]), -(-height // tile[1])
+        size = tile[0] * tile[1] * 3
+        pixels = bytes([grey]) * (size * across * down)
+        layout = [(322, LONG, [tile[0]]), (323, LONG, [tile[1]]),
+                  (324, LONG, [8 + k * size for k in range(across * down)]),
+                  (325, LONG, [size] * (across * down))]  # fmt: skip
+    entries = [(257, LONG, [height]), (258, SHORT, [8, 8, 8]), (259, SHORT, [1]),
+               (262, SHORT, [2]), (277, SHORT, [3]), (284, SHORT, [1]), *layout]  # fmt: skip
+    return _tiff_file([*(widths or [(256, LONG, [width])]), *sorted(entries)], pixels=pixels)
 
 
 # --------------------------------------------------------------------------- header readers
@@ -194,6 +237,71 @@ def test_tiff_sizes_in_both_byte_orders_classic_and_bigtiff() -> None:
     assert tiff_size(_tiff(64, 48, samples=4, bits=16)) == (64, 48)
     assert tiff_size(_tiff(64, 48, samples=5)) is None
     assert tiff_size(_tiff(64, 48, bits=32, big_endian=True)) is None
+
+
+def test_a_tiff_tag_is_read_from_its_first_entry_in_any_integer_type() -> None:
+    # given ImageWidth twice, the first one SLONG or not: libtiff reads the first entry of a
+    # tag and ignores the others, and the size read is the one OpenCV decodes
+    for widths, width in [
+        (((256, LONG, [64]), (256, LONG, [32])), 64),
+        (((256, LONG, [32]), (256, LONG, [64])), 32),
+        (((256, SLONG, [64]), (256, LONG, [32])), 64),
+    ]:
+        data = _rgb_tiff(widths=widths)
+        assert tiff_size(data) == (width, 48) == _decodes(data), widths
+    # a duplicate 30000/100 pair, in both orders: the first decides (the last let a
+    # 30000x30000 deflate strip, 79 KB, be decoded)
+    big_first = [(256, LONG, [30000]), (256, LONG, [100]), (257, LONG, [30000]),
+                 (257, LONG, [100])]  # fmt: skip
+    assert "30000x30000 pixels" in str(frame_refusal(_tiff_file(big_first)))
+    assert tiff_size(_tiff_file(big_first[::-1])) == (100, 100)
+    # every integer type libtiff reads a size in, SLONG alone included; as OpenCV decodes
+    for kind in (BYTE, SHORT, LONG, SBYTE, SSHORT, SLONG, LONG8, SLONG8):
+        for bigtiff in (False, True):
+            sizes = [(256, kind, [100]), (257, kind, [48]), (258, kind, [8]), (277, kind, [3])]
+            assert tiff_size(_tiff_file(sizes, bigtiff=bigtiff)) == (100, 48), (kind, bigtiff)
+        data = _rgb_tiff(widths=((256, kind, [64]),))
+        assert tiff_size(data) == (64, 48) == _decodes(data), kind
+    # another type (the first entry decides), a count of 0, a size or sample not positive
+    for entries in [
+        [(256, FLOAT, [100]), (257, LONG, [48])],
+        [(256, FLOAT, [100]), (256, LONG, [100]), (257, LONG, [48])],
+        [(256, LONG, []), (257, LONG, [48])],
+        [(256, SLONG, [-300]), (257, LONG, [48])],
+        [(256, LONG, [100]), (257, SSHORT, [0])],
+        [(256, LONG, [100]), (257, LONG, [48]), (258, SSHORT, [-8])],
+        [(256, LONG, [100]), (257, LONG, [48]), (277, SHORT, [0])],
+    ]:
+        assert tiff_size(_tiff_file(entries)) is None, entries
+
+
+def test_tiff_tiles_and_strips_larger_than_the_image_are_refused() -> None:
+    # given a 64x48 TIFF in tiles or in one strip that OpenCV decodes
+    layouts = [_rgb_tiff(tile=tile) for tile in [(32, 32), (64, 48), (256, 256)]]
+    layouts += [_rgb_tiff(rows=rows) for rows in [None, 48, 256, 2**32 - 1]]
+    for k, data in enumerate(layouts):
+        assert tiff_size(data) == (64, 48) == _decodes(data), k
+    # when its tiles are larger than the image rounded up to 16 (or 256): OpenCV decodes a
+    # whole tile into a buffer of its size (one 8192x8192 deflate tile, 196 KB: 258 MiB)
+    for tile in [(8192, 8192), (272, 16), (16, 8192)]:
+        more = ((322, LONG, [tile[0]]), (323, LONG, [tile[1]]))
+        assert tiff_size(_tiff(64, 48, more=more)) is None, tile
+    assert tiff_size(_tiff(64, 48, more=((322, SHORT, [8192]),))) is None  # its length: 48
+    tiled = _tiff(64, 48, more=((322, LONG, [8192]), (323, LONG, [8192])))
+    assert "cannot be read from its header" in str(frame_refusal(tiled))
+    # or strips of more rows (RowsPerStrip's default, 2^32-1, is the image: read as such)
+    assert tiff_size(_tiff(64, 48, more=((278, LONG, [272]),))) is None
+    assert tiff_size(_tiff(64, 48, more=((278, LONG, [2**32 - 2]),))) is None
+    # then refused; a larger image's tiles and strips may be its size rounded up to 16
+    larger: list[tuple[tuple[TiffEntry, ...], tuple[int, int] | None]] = [
+        (((322, LONG, [1008]), (323, LONG, [608])), (1000, 600)),
+        (((322, LONG, [1024]), (323, LONG, [608])), None),
+        (((322, LONG, [1008]), (323, LONG, [624])), None),
+        (((278, SHORT, [608]),), (1000, 600)),
+        (((278, SHORT, [624]),), None),
+    ]
+    for entries, size in larger:
+        assert tiff_size(_tiff(1000, 600, more=entries)) == size, entries
 
 
 def test_frame_refusal_says_why() -> None:

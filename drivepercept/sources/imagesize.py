@@ -6,8 +6,9 @@ A picture too large to decode is refused before it takes memory: a 629-byte JPEG
 30000x30000 pixels, which OpenCV would decode into 2.7 GB. The headers are read as the
 decoders read them, so that a file the decoder would take is never missed: libjpeg skips junk
 bytes and fill bytes between segments (with a warning) and still decodes the picture, and so
-does `jpeg_size`. What cannot be measured from its header (another format, a damaged header)
-is refused, not decoded: `frame_refusal` says why.
+does `jpeg_size` (up to a bound); libtiff reads the first of a tag's duplicate entries, in
+any integer type, and so does `tiff_size`. What cannot be measured from its header (another
+format, a damaged header) is refused, not decoded: `frame_refusal` says why.
 
 Formats read: JPEG (SOF0-3, SOF9-11), PNG (IHDR), BMP (BITMAPINFOHEADER and later), TIFF
 (the first image file directory, classic and BigTIFF), WebP (VP8, VP8L, VP8X): the ones a
@@ -122,17 +123,38 @@ def bmp_size(data: bytes | memoryview) -> tuple[int, int] | None:
     return (width, abs(height)) if width > 0 and height else None
 
 
-# TIFF field types read (SHORT, LONG, LONG8) -> their size in bytes
-_TIFF_TYPES = {3: 2, 4: 4, 16: 8}
+# TIFF field types an integer tag is read from, as libtiff reads ImageWidth and the others:
+# BYTE, SHORT, LONG, SBYTE, SSHORT, SLONG, LONG8, SLONG8 -> (size in bytes, signed)
+_TIFF_TYPES = {
+    1: (1, False), 3: (2, False), 4: (4, False), 6: (1, True),
+    8: (2, True), 9: (4, True), 16: (8, False), 17: (8, True),
+}  # fmt: skip
 _TIFF_WIDTH, _TIFF_HEIGHT, _TIFF_BITS, _TIFF_SAMPLES = 256, 257, 258, 277
+_TIFF_ROWS_PER_STRIP, _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH = 278, 322, 323
+_TIFF_TAGS = frozenset(
+    {_TIFF_WIDTH, _TIFF_HEIGHT, _TIFF_BITS, _TIFF_SAMPLES, _TIFF_ROWS_PER_STRIP,
+     _TIFF_TILE_WIDTH, _TIFF_TILE_LENGTH}
+)  # fmt: skip
+_TIFF_ONE_STRIP = 2**32 - 1  # RowsPerStrip's default: the whole image in one strip
+# a tile or strip may be as large as the image rounded up to 16 (tiles are multiples of 16),
+# or this (a writer's usual tile, e.g. libtiff's 256x256, for an image smaller than it):
+# a 256x256 tile of 4 16-bit samples holds 512 KiB
+_TIFF_TILE_FLOOR_PX = 256
 
 
 def tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from a TIFF's first image file directory (ImageWidth, ImageLength),
-    little- or big-endian, classic or BigTIFF. None when the directory lies outside `data`,
-    lacks either tag, or describes pixels OpenCV would widen in memory beyond a camera
-    frame's (more than 4 samples a pixel, or more than 16 bits a sample: a strip of such
-    pixels is held whole before it is converted)."""
+    little- or big-endian, classic or BigTIFF, each tag read as libtiff reads it: its first
+    entry (later ones are ignored), as any integer type.
+
+    None when the directory lies outside `data`, lacks either size, gives one of the tags
+    read in another type or not positive, or describes buffers OpenCV would fill beyond a
+    camera frame's: more than 4 samples a pixel or more than 16 bits a sample (a strip of
+    such pixels is held whole before it is converted), or tiles or strips larger than the
+    image (rounded up to 16, or `_TIFF_TILE_FLOOR_PX`): OpenCV decodes a whole tile into a
+    buffer of its size, so a "64x48" file of one 8192x8192 deflate tile (196 KB) took
+    258 MiB.
+    """
     head = bytes(data[:4])
     if head not in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
         return None
@@ -141,31 +163,50 @@ def tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:
     # classic: 4-byte offsets, 2-byte entry count, 12-byte entries; BigTIFF: 8, 8, 20
     word, count_size, entry_size = (8, 8, 20) if big else (4, 2, 12)
 
-    def number(at: int, size: int) -> int:
+    def number(at: int, size: int, signed: bool = False) -> int:
         if at < 0 or at + size > len(data):
             raise IndexError(at)
-        return int.from_bytes(data[at : at + size], order)
+        return int.from_bytes(data[at : at + size], order, signed=signed)
 
-    fields: dict[int, int] = {}
+    fields: dict[int, int] = {}  # the first entry of each tag read (its first value)
     try:
         directory = number(8 if big else 4, word)
         entries = number(directory, count_size)
         for k in range(min(entries, MAX_TIFF_ENTRIES)):
             at = directory + count_size + k * entry_size
-            tag, kind, count = number(at, 2), number(at + 2, 2), number(at + 4, word)
-            size = _TIFF_TYPES.get(kind)
-            if tag not in (_TIFF_WIDTH, _TIFF_HEIGHT, _TIFF_BITS, _TIFF_SAMPLES) or not size:
+            tag = number(at, 2)
+            if tag not in _TIFF_TAGS or tag in fields:  # libtiff ignores a tag's duplicates
                 continue
+            kind, count = number(at + 2, 2), number(at + 4, word)
+            if kind not in _TIFF_TYPES or count < 1:
+                return None
+            size, signed = _TIFF_TYPES[kind]
             value_at = at + 4 + word  # the value itself, or (too long for the field) where
             if count * size > word:
                 value_at = number(value_at, word)
-            fields[tag] = number(value_at, size)  # the first value (bits: the first sample's)
+            fields[tag] = number(value_at, size, signed)  # bits: the first sample's
     except IndexError:
         return None
+    if any(value < 1 for value in fields.values()):
+        return None
     width, height = fields.get(_TIFF_WIDTH, 0), fields.get(_TIFF_HEIGHT, 0)
+    if not width or not height:
+        return None
     if fields.get(_TIFF_SAMPLES, 1) > 4 or fields.get(_TIFF_BITS, 1) > 16:
         return None
-    return (width, height) if width and height else None
+    if _TIFF_TILE_WIDTH in fields or _TIFF_TILE_LENGTH in fields:  # tiled, as libtiff says
+        tile = fields.get(_TIFF_TILE_WIDTH, width), fields.get(_TIFF_TILE_LENGTH, height)
+    else:  # strips: the image's width, RowsPerStrip rows (OpenCV: its default, the image)
+        rows = fields.get(_TIFF_ROWS_PER_STRIP, _TIFF_ONE_STRIP)
+        tile = width, height if rows == _TIFF_ONE_STRIP else rows
+    if tile[0] > _tile_limit(width) or tile[1] > _tile_limit(height):
+        return None
+    return width, height
+
+
+def _tile_limit(side: int) -> int:
+    """The largest tile or strip side a TIFF image of `side` pixels may have."""
+    return max(-(-side // 16) * 16, _TIFF_TILE_FLOOR_PX)
 
 
 def webp_size(data: bytes | memoryview) -> tuple[int, int] | None:
