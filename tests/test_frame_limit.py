@@ -406,6 +406,30 @@ def test_a_compressed_message_over_the_limit_is_refused_as_it_is_read() -> None:
             rosimage.to_frame(msg, "sensor_msgs/msg/CompressedImage", log_time_ns=1, arrived_ns=1)
 
 
+def test_a_frame_is_held_to_the_limit_once_however_it_came(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from drivepercept.sources import mjpeg, readers
+
+    # given every check of the frame limit counted, wherever it is called from
+    checks: list[int] = []
+
+    def counted(data: bytes | memoryview) -> str | None:
+        checks.append(len(data))
+        return frame_refusal(data)
+
+    for module in (readers, rosimage, mjpeg):
+        monkeypatch.setattr(module, "frame_refusal", counted)
+    # when a recorded compressed image is read, then decoded (a junk scan of up to 1 MiB)
+    msg = {"data": np.frombuffer(jpeg(), np.uint8)}
+    frame = rosimage.to_frame(msg, "sensor_msgs/msg/CompressedImage", log_time_ns=1, arrived_ns=1)
+    assert frame.checked and frame.image_bgr.shape == (48, 64, 3)
+    # then its header was read once; a frame that came unchecked is checked as it decodes
+    assert checks == [len(jpeg())]
+    assert RawFrame(None, 0.0, 0, jpeg=jpeg()).image_bgr.shape == (48, 64, 3)
+    assert len(checks) == 2
+
+
 # --------------------------------------------------------------------------- image folders
 
 

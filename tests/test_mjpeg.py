@@ -86,6 +86,7 @@ def test_frames_come_encoded_and_decode_on_first_use() -> None:
     assert len(got) == 10
     later = got[-1]
     assert not later.decoded and later.jpeg and later.jpeg.startswith(b"\xff\xd8")
+    assert later.checked  # held to the frame limit as it was read: not again when decoded
     assert later.image_bgr.shape == (360, 640, 3) and later.decoded
     arrivals = [f.arrived_ns for f in got]
     assert arrivals == sorted(arrivals)  # stamped as they arrive

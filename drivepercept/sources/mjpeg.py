@@ -217,7 +217,7 @@ class MjpegReader:
             why = frame_refusal(jpeg)  # its size from its header: nothing decoded
         if why is not None:  # one bad frame: counted, the stream goes on
             return RawFrame(None, pts_s, arrived_ns, refused=f"refused before decoding: {why}")
-        return RawFrame(None, pts_s, arrived_ns, jpeg=jpeg)
+        return RawFrame(None, pts_s, arrived_ns, jpeg=jpeg, checked=True)
 
     def _until_boundary(self, marker: bytes, deadline: float) -> bytes:
         """A part without Content-Length: its bytes up to the next boundary line."""

@@ -98,7 +98,8 @@ class RawFrame:
     so that a live frame that is dropped for a newer one is never decoded at all. A reader
     that refused a frame before decoding it (a live camera's part that is not a JPEG, or too
     large) hands it over as `refused`, with the reason and without its bytes, so that it is
-    counted where every undecodable frame is.
+    counted where every undecodable frame is. A reader that held `jpeg` to the frame limit
+    already says so (`checked`): it is not read again when decoded (a 1 MiB junk scan each).
     """
 
     image: ImageU8 | None = field(repr=False)
@@ -107,6 +108,7 @@ class RawFrame:
     jpeg: bytes | None = field(default=None, repr=False)  # or PNG: any format imdecode reads
     stamp_ns: int | None = None  # the source's own stamp (a recorded message's), if any
     refused: str | None = None  # why the reader refused it (no pixels, no bytes)
+    checked: bool = False  # `jpeg` passed `imagesize.frame_refusal` when it was read
 
     @property
     def decoded(self) -> bool:
@@ -115,8 +117,9 @@ class RawFrame:
     @property
     def image_bgr(self) -> ImageU8:
         """The BGR pixels, decoded now if the frame came encoded. An encoded frame is held
-        to the one frame limit first (`imagesize.frame_refusal`): its size is read from its
-        header, and a frame too large or whose header does not say is refused, not decoded.
+        to the one frame limit first (`imagesize.frame_refusal`; once: not again when its
+        reader did, `checked`): its size is read from its header, and a frame too large or
+        whose header does not say is refused, not decoded.
 
         Raises:
             CorruptFrameError: the frame was refused, or does not decode.
@@ -124,20 +127,21 @@ class RawFrame:
         if self.image is None:
             if self.refused is not None:
                 raise CorruptFrameError(self.refused)
-            object.__setattr__(self, "image", decode_frame(self.jpeg or b""))
+            image = decode_frame(self.jpeg or b"", checked=self.checked)
+            object.__setattr__(self, "image", image)
         assert self.image is not None
         return self.image
 
 
-def decode_frame(data: bytes) -> ImageU8:
+def decode_frame(data: bytes, *, checked: bool = False) -> ImageU8:
     """An encoded frame (JPEG, PNG, ...) as BGR pixels, held to the frame limit before it is
-    decoded (see `RawFrame.image_bgr`).
+    decoded (see `RawFrame.image_bgr`) unless `checked` says it was when it was read.
 
     Raises:
         CorruptFrameError: refused before decoding (why), or OpenCV did not decode it
             (OpenCV's own errors, e.g. its pixel limit, included).
     """
-    why = frame_refusal(data)
+    why = None if checked else frame_refusal(data)
     if why is not None:
         raise CorruptFrameError(f"refused before decoding: {why}")
     try:

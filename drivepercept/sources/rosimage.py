@@ -191,7 +191,7 @@ def to_frame(msg: Any, typename: str, *, log_time_ns: int, arrived_ns: int) -> R
         why = frame_refusal(blob)
         if why is not None:  # dropped here: never held in the reader's reorder window
             raise CorruptFrameError(f"a {typename} refused before decoding: {why}")
-        return RawFrame(None, stamp / 1e9, arrived_ns, jpeg=blob, stamp_ns=stamp)
+        return RawFrame(None, stamp / 1e9, arrived_ns, jpeg=blob, stamp_ns=stamp, checked=True)
     width, height = int(field(msg, "width") or 0), int(field(msg, "height") or 0)
     step, encoding = int(field(msg, "step") or 0), str(field(msg, "encoding") or "")
     raw_layout(width=width, height=height, step=step, encoding=encoding)  # before the data
