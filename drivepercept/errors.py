@@ -12,6 +12,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 
 # scheme://USERINFO@host: the userinfo runs to the authority's last "@" (a password may hold
 # "@", ":" or anything but the path, query and fragment delimiters)
@@ -105,28 +106,43 @@ class RepeatedWarning:
     logged for its first `first` occurrences, then once every `every_s` seconds with how many
     were not logged since, so a camera of bad frames costs a few lines, not one a frame.
     Thread-safe: the decoder threads of several cameras may share one. `close()` logs what
-    is still unsaid, with the last of it (call it when the source ends)."""
+    is still unsaid, with the last of it (call it when the source ends).
 
-    def __init__(self, logger: logging.Logger, *, first: int = 3, every_s: float = 10.0) -> None:
+    Args:
+        logger: where the lines go.
+        first: occurrences logged each before the throttling starts.
+        every_s: the throttled interval.
+        clock: monotonic time in ns (`time.monotonic_ns`; a test passes its own).
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        first: int = 3,
+        every_s: float = 10.0,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self._log, self._first, self._every_s = logger, first, every_s
+        self._every_ns, self._clock = round(every_s * 1e9), clock
         self._lock = threading.Lock()
         self.count = 0  # occurrences in all, logged or not
         self._unsaid = 0
-        self._next_s = 0.0
+        self._next_ns = 0
         self._last: tuple[str, tuple[object, ...]] = ("", ())  # the last one not logged
 
     def warn(self, message: str, *args: object) -> None:
         with self._lock:
             self.count += 1
-            now = time.monotonic()
+            now_ns = self._clock()
             if self.count < self._first:
                 suffix = ""
             elif self.count == self._first:
                 suffix = f" (more like it: one line every {self._every_s:g} s)"
-                self._next_s = now + self._every_s
-            elif now >= self._next_s:
+                self._next_ns = now_ns + self._every_ns
+            elif now_ns >= self._next_ns:
                 suffix = f" ({self._unsaid} more like it since)" if self._unsaid else ""
-                self._unsaid, self._next_s = 0, now + self._every_s
+                self._unsaid, self._next_ns = 0, now_ns + self._every_ns
             else:
                 self._unsaid += 1
                 self._last = (message, args)

@@ -316,24 +316,34 @@ def test_frame_refusal_says_why() -> None:
 def test_a_repeated_warning_is_said_a_few_times_then_with_its_count(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # given a warning throttled to a line every 10 s, on a clock the test moves
+    now_ns = [5_000_000_000]
     log = logging.getLogger("test.repeated")
-    warning = RepeatedWarning(log, first=3, every_s=0.2)
+    warning = RepeatedWarning(log, first=3, every_s=10.0, clock=lambda: now_ns[0])
     with caplog.at_level(logging.WARNING, logger="test.repeated"):
+        # when it repeats 10 times within the same instant
         for k in range(10):
             warning.warn("frame %d skipped", k)
+        # then the first 3 are said, the third saying what comes next
         said = [r.getMessage() for r in caplog.records]
-        assert said[:2] == ["frame 0 skipped", "frame 1 skipped"] and len(said) == 3
-        assert said[2] == "frame 2 skipped (more like it: one line every 0.2 s)"
-        time.sleep(0.25)
+        assert said == [
+            "frame 0 skipped", "frame 1 skipped",
+            "frame 2 skipped (more like it: one line every 10 s)",
+        ]  # fmt: skip
+        # and nothing until 10 s have passed, then one line with the count since
+        now_ns[0] += 9_999_999_999
         warning.warn("frame %d skipped", 10)
-        assert caplog.records[-1].getMessage() == "frame 10 skipped (7 more like it since)"
+        assert len(caplog.records) == 3
+        now_ns[0] += 1
         warning.warn("frame %d skipped", 11)
+        assert caplog.records[-1].getMessage() == "frame 11 skipped (8 more like it since)"
         warning.warn("frame %d skipped", 12)
+        warning.warn("frame %d skipped", 13)
         warning.close()
         warning.close()  # says nothing more
     said = [r.getMessage() for r in caplog.records]
-    assert said[4:] == ["frame 12 skipped (2 more like it not logged, this the last)"]
-    assert warning.count == 13
+    assert said[4:] == ["frame 13 skipped (2 more like it not logged, this the last)"]
+    assert warning.count == 14
 
 
 # --------------------------------------------------------------------------- decoding
