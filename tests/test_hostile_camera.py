@@ -7,6 +7,7 @@ refused frame, counted, and the stream goes on."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import threading
@@ -28,6 +29,9 @@ from drivepercept.sources.readers import SourceError
 pytestmark = pytest.mark.integration
 
 POLICY = ReconnectPolicy(initial_s=0.25, max_s=2.0, open_timeout_s=2.0, read_timeout_s=1.0)
+# for a camera whose opens must end on what it sends, never on the open timeout however busy
+# the host: a timeout far beyond the time they take
+LONG_OPEN = dataclasses.replace(POLICY, open_timeout_s=30.0)
 
 
 @pytest.mark.parametrize(
@@ -90,15 +94,16 @@ def test_a_part_whose_picture_cannot_be_used_is_one_refused_frame(
 
 
 def test_a_camera_of_only_parts_that_are_not_jpegs_fails_its_open_in_one_line() -> None:
-    # given a camera whose every part is text/html, 20 a second
+    # given a camera whose every part is text/html, sent as fast as they are read
     with hostile_camera("only_not_jpeg") as camera:
         started = time.monotonic()
         with pytest.raises(SourceError) as err:
-            MjpegReader(camera.url, policy=POLICY)
+            MjpegReader(camera.url, policy=LONG_OPEN)
         took = time.monotonic() - started
-    # then the open gives up after OPEN_MAX_REFUSED of them, within its timeout, saying so
+    # then the open gives up after OPEN_MAX_REFUSED of them, not on its timeout, saying so
     message = str(err.value)
-    assert took <= POLICY.open_timeout_s + 0.5, took
+    print(f"the open gave up after {took:.2f} s")
+    assert took < LONG_OPEN.open_timeout_s, took
     assert len(message.splitlines()) == 1, message
     assert f"{OPEN_MAX_REFUSED} undecodable frames in a row and no good one" in message
     assert "a part of text/html, not a JPEG" in message
@@ -215,12 +220,13 @@ def test_a_live_camera_of_only_parts_that_are_not_jpegs_says_so(tmp_path: Path) 
     from drivepercept.models.oracle import make_oracle
     from drivepercept.run import Mode, RunOptions, run
 
-    # given a camera whose every part is text/html (issue 43: the run said only "stopped")
+    # given a camera whose every part is text/html (issue 43: the run said only "stopped"),
+    # its opens ending on what it sends, not on the open timeout
     with hostile_camera("only_not_jpeg") as camera:
         options = RunOptions(
             sources=(f"cam={camera.url}",), mode=Mode.LIVE, model="oracle", weights=None,
             settings={"device": "cpu", "sample_hz": 0.0}, out_root=tmp_path, name="live",
-            duration_s=2.5, reconnect=POLICY, report_formats=(),
+            duration_s=2.5, reconnect=LONG_OPEN, report_formats=(),
         )  # fmt: skip
         result = run(options, detector=make_oracle(size=(64, 48), boxes=[[0, 0, 8, 8]]))
     # then no frame came, and the reason is what the camera sent, not the stop
