@@ -43,8 +43,9 @@ MODES = (
 BOUNDARY = b"frame"
 
 
-def jpeg(width: int = 64, height: int = 48) -> bytes:
-    ok, data = cv2.imencode(".jpg", np.full((height, width, 3), 90, np.uint8))
+def jpeg(width: int = 64, height: int = 48, *, value: int = 90) -> bytes:
+    """A small JPEG of one grey `value` (the tests' good frame)."""
+    ok, data = cv2.imencode(".jpg", np.full((height, width, 3), value, np.uint8))
     assert ok
     return data.tobytes()
 

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 from fakereaders import FakeReader
+from hostile import jpeg
 
 from drivepercept.config import PipelineConfig, ReconnectPolicy
 from drivepercept.models.oracle import make_oracle
@@ -30,13 +30,6 @@ SAMPLE = ROOT / "sample_videos"
 POLICY = ReconnectPolicy(open_timeout_s=5.0, read_timeout_s=2.0)
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _jpeg(value: int, size: tuple[int, int] = (64, 48)) -> bytes:
-    image = np.full((size[1], size[0], 3), value, np.uint8)
-    ok, data = cv2.imencode(".jpg", image)
-    assert ok
-    return bytes(data.tobytes())
 
 
 class _Parts(BaseHTTPRequestHandler):
@@ -58,7 +51,9 @@ class _Parts(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=xyz")
         self.end_headers()
         for value in (10, 120, 240):
-            self.wfile.write(b"--xyz\r\nContent-Type: image/jpeg\r\n\r\n" + _jpeg(value) + b"\r\n")
+            self.wfile.write(
+                b"--xyz\r\nContent-Type: image/jpeg\r\n\r\n" + jpeg(value=value) + b"\r\n"
+            )
         self.wfile.write(b"--xyz--\r\n")
 
     def log_message(self, format: str, *args: object) -> None:
@@ -156,7 +151,7 @@ class _Encoded(FakeReader):
         if got is None:
             return None
         index = self.index - 1
-        data = b"not a jpeg" if index == self.corrupt else _jpeg(index % 256, (64, 48))
+        data = b"not a jpeg" if index == self.corrupt else jpeg(value=index % 256)
         return RawFrame(None, got.pts_s, got.arrived_ns, jpeg=data)
 
 
