@@ -184,9 +184,9 @@ def in_process(
     as on the command line (a handler on stderr), and taken down again afterwards."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    for name in ("OPENCV_LOG_LEVEL", "OPENCV_FFMPEG_LOGLEVEL"):  # main sets them: put back after
-        monkeypatch.setenv(name, "")  # (delenv of an unset name would record nothing to undo)
-        monkeypatch.delenv(name)
+    for name in ("OPENCV_LOG_LEVEL", "OPENCV_FFMPEG_LOGLEVEL", "RUST_LOG"):  # main sets them:
+        monkeypatch.setenv(name, "")  # put back after (delenv of an unset name would record
+        monkeypatch.delenv(name)  # nothing to undo)
 
     opencv_level = cv2.utils.logging.getLogLevel()  # main lowers it too
 
