@@ -297,20 +297,103 @@ def test_a_sink_that_fails_to_close_follows_its_policy() -> None:
 # ------------------------------------------------------------------ native stderr
 
 
-def test_native_stderr_goes_to_the_log_and_comes_back(caplog: pytest.LogCaptureFixture) -> None:
+def _fd2() -> tuple[int, int]:
+    st = os.fstat(2)
+    return st.st_dev, st.st_ino
+
+
+def _quiet_args() -> argparse.Namespace:
+    return argparse.Namespace(verbose=False, debug=False, command="replay")
+
+
+def test_native_stderr_goes_to_the_log_and_comes_back(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from drivepercept.run.console import quiet_native
 
-    args = argparse.Namespace(verbose=False, debug=False, command="replay")
-    with caplog.at_level(logging.INFO, logger="drivepercept.native"), quiet_native(args):
+    for name in ("OPENCV_LOG_LEVEL", "OPENCV_FFMPEG_LOGLEVEL", "RUST_LOG"):  # put back after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    fd2, stderr = _fd2(), sys.stderr
+    with caplog.at_level(logging.INFO, logger="drivepercept.native"), quiet_native(_quiet_args()):
+        assert _fd2() != fd2  # (a pipe)
         os.write(2, b"Corrupt JPEG data: 1 extraneous bytes before marker 0xdb\n")
-        os.write(2, b"\x1b[33mWARN\x1b[0m re_sdk: a coloured line\npartial")
-    said = [r.getMessage() for r in caplog.records if r.name == "drivepercept.native"]
+        os.write(2, b"\x1b[33mWARN\x1b[0m re_sdk: a coloured line\n")
+        os.write(2, b"terminate called after throwing an instance of 'c10::Error'\npartial")
+    said = [
+        (r.levelname, r.getMessage()) for r in caplog.records if r.name == "drivepercept.native"
+    ]
+    # then known noise is logged at INFO (hidden), anything else at WARNING (shown)
     assert said == [
-        "native stderr: Corrupt JPEG data: 1 extraneous bytes before marker 0xdb",
-        "native stderr: WARN re_sdk: a coloured line",
-        "native stderr: partial",
+        ("INFO", "native stderr: Corrupt JPEG data: 1 extraneous bytes before marker 0xdb"),
+        ("INFO", "native stderr: WARN re_sdk: a coloured line"),
+        ("WARNING", "native stderr: terminate called after throwing an instance of 'c10::Error'"),
+        ("WARNING", "native stderr: partial"),
     ]
     assert os.environ["RUST_LOG"]  # set for Rerun, unless it was
+    # and file descriptor 2 and sys.stderr are back as they were
+    assert _fd2() == fd2 and sys.stderr is stderr
+
+
+def test_native_stderr_is_left_alone_when_no_pipe_can_be_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from drivepercept.run.console import native_stderr_logged
+
+    def no_pipe() -> tuple[int, int]:
+        raise OSError(24, "Too many open files")
+
+    # given a process out of file descriptors (EMFILE)
+    monkeypatch.setattr(os, "pipe", no_pipe)
+    fds, fd2, stderr = set(Path("/proc/self/fd").iterdir()), _fd2(), sys.stderr
+    # when native stderr would be logged, then nothing is moved and no descriptor leaks
+    with native_stderr_logged():
+        assert _fd2() == fd2 and sys.stderr is stderr
+    assert set(Path("/proc/self/fd").iterdir()) == fds and _fd2() == fd2 and sys.stderr is stderr
+
+
+def test_a_drain_that_does_not_end_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    from drivepercept.run.console import native_stderr_logged
+
+    # given a child process that holds the pipe past the block
+    with caplog.at_level(logging.WARNING), native_stderr_logged():
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    try:
+        # then it is said that the thread is left to that child
+        said = [r.getMessage() for r in caplog.records]
+        assert any("native-stderr did not end within 1 s" in line for line in said), said
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
+def test_a_log_handler_on_file_descriptor_2_does_not_feed_the_drain() -> None:
+    # given a process whose logging was set up before the CLI's, on file descriptor 2 itself
+    # (not through sys.stderr), and a handler made inside the block on it
+    script = (
+        "import argparse, logging, os, sys\n"
+        "logging.basicConfig(stream=open(2, 'w', closefd=False), format='before %(message)s')\n"
+        "from drivepercept.run.console import quiet_native\n"
+        "args = argparse.Namespace(verbose=False, debug=False, command='replay')\n"
+        "with quiet_native(args):\n"
+        "    inside = logging.StreamHandler(open(2, 'w', closefd=False))\n"
+        "    logging.getLogger().addHandler(inside)\n"
+        "    os.write(2, b'a native line\\nanother\\n')\n"
+    )
+    # when native code writes to it
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    # then each native line is said once by each handler, and the process ends: the one set
+    # up before writes to the real stderr, the record of the one made inside comes back
+    # through the pipe and is written as it is, once
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stderr.splitlines()) == [
+        "before native stderr: a native line",
+        "before native stderr: another",
+        "native stderr: a native line",
+        "native stderr: another",
+    ], proc.stderr
 
 
 def test_a_crash_while_native_stderr_is_logged_still_reaches_the_real_stderr() -> None:

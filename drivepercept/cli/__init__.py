@@ -27,7 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from drivepercept.run.console import quiet_native
 
     # OpenCV, FFmpeg, libjpeg and Rerun print their own lines for every bad file; ours say it in
-    # one: theirs go to the log (-v: as they are). Set before OpenCV is first used; undone after.
+    # one: theirs go through the log (-v: as they are). Set before OpenCV is first used; undone
+    # after. The error line is printed once the block has ended, so after every native line.
     with quiet_native(args):
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.WARNING,
@@ -40,11 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.debug:
                 raise
             line = f"drivepercept {args.command}: error: {one_line(str(exc))}"
-            print(line, file=sys.stderr)
-            return commands.EXIT_INTERNAL if isinstance(exc, StageError) else commands.EXIT_INPUT
+            code = commands.EXIT_INTERNAL if isinstance(exc, StageError) else commands.EXIT_INPUT
         except KeyboardInterrupt:
-            print(f"drivepercept {args.command}: interrupted", file=sys.stderr)
-            return commands.EXIT_INTERRUPTED
+            line, code = f"drivepercept {args.command}: interrupted", commands.EXIT_INTERRUPTED
+    print(line, file=sys.stderr)
+    return code
 
 
 def run() -> NoReturn:
