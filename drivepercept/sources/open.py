@@ -78,9 +78,10 @@ def open_cameras(
     `Pacing.AS_FAST_AS_POSSIBLE` (replay): each file, image folder or recorded topic as fast
     as it decodes. `PACED` and `LIVE`: reconnecting `LiveSource`s; a file among them plays at
     its own frame rate (a recorded topic at its stamps), on one `PaceClock` so that the
-    cameras of one recording play in step (those whose first stamps are more than `max_gap_s`
-    from the others' on clocks of their own, said in a warning; no camera waits longer than
-    `max_gap_s` for its next frame: `drivepercept.sources.pacing`), and a device or stream
+    cameras of one recording play in step (grouped by their first stamps, a new group where
+    two neighbours are more than `max_gap_s` apart, each other group on a clock of its own,
+    said in a warning; no camera waits longer than `max_gap_s` for its next frame, and a jump
+    back of more re-anchors its clock: `drivepercept.sources.pacing`), and a device or stream
     connects on its decoder thread (a failure there is a state, not an exception). `LIVE`
     reads a camera's live source where it has one, not its recorded video. Video files decode
     on `decode_threads` FFmpeg threads each.

@@ -59,7 +59,8 @@ class PaceClock:
 
     Args:
         max_gap_s: the longest a camera waits for its next frame (`CameraPace`); also how far
-            apart the first stamps of a recording's cameras may be and still share its clock.
+            apart two neighbouring first stamps of a recording's cameras may be and still
+            share its clock (`clock_groups`: a chain, so 0, 9, 18 and 27 s share one at 10 s).
     """
 
     def __init__(self, *, max_gap_s: float = DEFAULT_MAX_GAP_S) -> None:
@@ -186,8 +187,11 @@ class CameraPace:
 def clock_groups(firsts: Mapping[str, int], *, max_apart_ns: int) -> list[list[str]]:
     """The cameras of one recording grouped by their first stamps (`firsts`: camera -> ns):
     in stamp order, a new group wherever two neighbours are more than `max_apart_ns` apart.
-    The largest group comes first (of equal ones, the earliest): it keeps the recording's
-    clock. Pure."""
+    A chain, not a window: first stamps 0, 9, 18 and 27 s share one group at 10 s. That keeps
+    a rig whose cameras came up one after another on one clock, in step; a window would cut
+    it at an arbitrary camera and put the rest out of step. No camera of a group waits more
+    than the max gap for its first frame either way (`CameraPace`). The largest group comes
+    first (of equal ones, the earliest): it keeps the recording's clock. Pure."""
     ordered = sorted(firsts, key=lambda c: firsts[c])
     groups: list[list[str]] = []
     for cam in ordered:
