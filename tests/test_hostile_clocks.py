@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import children
-import cv2
-import numpy as np
+import hostile
 import pytest
 
 from drivepercept.errors import ConfigError
@@ -244,11 +243,6 @@ def test_report_of_a_run_with_one_capture_54_years_off_is_written_in_bounded_mem
 # ------------------------------------------------------------------ real-time replay, crafted
 
 
-def _jpeg(value: int) -> bytes:
-    image = np.full((48, 64, 3), value, np.uint8)
-    return cv2.imencode(".jpg", image)[1].tobytes()
-
-
 def _drive(path: Path, stamps: dict[str, list[int]], *, logged_in_order: bool = False) -> Path:
     """An MCAP of CompressedImage topics, camera -> its frames' stamps; logged at those stamps,
     or (`logged_in_order`) at T0_NS + k periods, so that the file keeps the stamps' order."""
@@ -260,7 +254,7 @@ def _drive(path: Path, stamps: dict[str, list[int]], *, logged_in_order: bool = 
     with McapOut(path, profile="ros2") as out:
         for cam, cam_stamps in stamps.items():
             for k, stamp in enumerate(cam_stamps):
-                m = msgs.compressed_image(stamp, cam, "jpeg", _jpeg(40 * k % 255))
+                m = msgs.compressed_image(stamp, cam, "jpeg", hostile.jpeg(value=40 * k % 255))
                 topic = f"/{cam}/image_raw/compressed"
                 logged = T0_NS + k * PERIOD_NS if logged_in_order else stamp
                 out.ros2(topic, msgs.COMPRESSED_IMAGE, m, log_time_ns=logged)

@@ -26,9 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from drivepercept.cli import commands  # the jobs: only once there is a command to run
     from drivepercept.run.console import quiet_native
 
-    # OpenCV, FFmpeg, libjpeg and Rerun print their own lines for every bad file; ours say it in
-    # one: theirs go through the log (-v: as they are). Set before OpenCV is first used; undone
-    # after. The error line is printed once the block has ended, so after every native line.
+    # OpenCV, FFmpeg, libjpeg and Rerun print lines for every bad file; ours say it in one: theirs
+    # go through the log (-v: as they are) until the block ends; then our error line, after them.
     with quiet_native(args):
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.WARNING,
