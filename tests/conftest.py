@@ -9,6 +9,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -17,36 +18,45 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def _origin(where: str | None) -> str:
-    """Where `import drivepercept` finds the package: in this process (`where` None), or in a
-    fresh interpreter started in the folder `where`, as the suite's subprocesses start
-    (`python -m drivepercept ...`, whose cwd is often a test's tmp_path)."""
+    """Where `import drivepercept` finds the package (resolved, so a checkout reached through
+    a symlink is itself): in this process (`where` None), or in a fresh interpreter started
+    in the folder `where`, as the suite's subprocesses start (`python -m drivepercept ...`,
+    whose cwd is often a test's tmp_path)."""
     if where is None:
         spec = importlib.util.find_spec("drivepercept")
-        return str(Path(spec.origin).parent) if spec and spec.origin else "nowhere"
-    probe = "import importlib.util as u; s = u.find_spec('drivepercept'); print(s and s.origin)"
-    out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=where, capture_output=True, text=True, timeout=60
-    ).stdout.strip()
-    return str(Path(out).parent) if out not in ("", "None") else "nowhere"
+        origin = spec.origin if spec and spec.origin else ""
+    else:
+        probe = "import importlib.util as u; s = u.find_spec('drivepercept'); print(s and s.origin)"
+        origin = subprocess.run(
+            [sys.executable, "-c", probe], cwd=where, capture_output=True, text=True, timeout=60
+        ).stdout.strip()
+    return str(Path(origin).resolve().parent) if origin not in ("", "None") else "nowhere"
+
+
+def _refuse(why: str) -> NoReturn:
+    # one line and out: pytest.exit here would come wrapped in a conftest traceback
+    print(f"error: {why}", file=sys.stderr)
+    raise SystemExit(4)
 
 
 def _refuse_another_checkout() -> None:
     """Stops the run at once, in one line, when `drivepercept` is not this checkout's package:
     a venv whose editable install points at another clone makes a green run of the wrong
     code (it happened three sessions running). Both the suite's own import and that of its
-    subprocesses (a fresh interpreter outside the checkout) are checked."""
+    subprocesses (a fresh interpreter in an empty folder) are checked."""
     expected = str(CHECKOUT / "drivepercept")
-    for who, where in (("this process", None), ("a subprocess", tempfile.gettempdir())):
-        found = _origin(where)
-        if found != expected:
-            # one line and out: pytest.exit here would come wrapped in a conftest traceback
-            print(
-                f"error: tests of {CHECKOUT} would test the drivepercept of {found} ({who}'s "
-                f"import), not {expected}: run `python3 -m pip install -e '.[dev]'` in "
-                f"{CHECKOUT}",
-                file=sys.stderr,
-            )
-            raise SystemExit(4)
+    with tempfile.TemporaryDirectory(prefix="drivepercept-checkout-") as empty:
+        for who, where in (("this process", None), ("a subprocess", empty)):
+            try:
+                found = _origin(where)
+            except subprocess.TimeoutExpired:
+                _refuse(f"a fresh interpreter took over 60 s to find drivepercept ({who})")
+            if found != expected:
+                _refuse(
+                    f"tests of {CHECKOUT} would test the drivepercept of {found} ({who}'s "
+                    f"import), not {expected}: run `python3 -m pip install -e '.[dev]'` in "
+                    f"{CHECKOUT}"
+                )
 
 
 _refuse_another_checkout()  # before anything below imports drivepercept
