@@ -531,7 +531,7 @@ def test_fleet_refuses_a_drive_that_is_not_a_file_or_folder(
         given = str(listing)
     code, err = in_process(["fleet", given, "--out", str(tmp_path / "o"), "--no-progress"])
     assert code == 2 and len(_lines(err)) == 1, err
-    assert ("is a FIFO" if drive != "/dev/null" else "is a device") in err
+    assert ("is a FIFO" if drive != "/dev/null" else "is a character device") in err
     _no_traceback(err)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from drivepercept.errors import ConfigError
 from drivepercept.rig import VIDEO_SUFFIXES
+from drivepercept.sources.untrusted import file_kind
 
 LIST_SUFFIXES = (".txt", ".list")
 GROUND_TRUTH_FILE = "ground_truth.json"  # what `simulate` writes beside a rig file
@@ -48,14 +49,6 @@ class Drive:
             )
         if not self.sources:
             raise ConfigError(f"drive {self.name}: no source")
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
 
 
 def _listed(path: Path) -> list[Path]:
@@ -118,7 +111,7 @@ def resolve_drives(items: Sequence[str | Path]) -> tuple[Drive, ...]:
         mode = path.stat().st_mode
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             raise ConfigError(
-                f"drive {path} is {_kind(mode)}: a drive is a rig file, a recording, a folder "
+                f"drive {path} is {file_kind(mode)}: a drive is a rig file, a recording, a folder "
                 "of camera files or a list of drives"
             )
     drives: list[Drive] = []
