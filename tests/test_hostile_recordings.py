@@ -468,6 +468,25 @@ def test_colliding_topic_names_give_numbered_cameras(in_process: Cli, tmp_path: 
     assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {"a_b": 3, "a_b_2": 3}
 
 
+def test_a_metadata_yaml_alias_bomb_is_refused_at_once(in_process: Cli, tmp_path: Path) -> None:
+    # given a ROS 2 bag whose metadata.yaml is 500 bytes of aliases of aliases (9 levels of
+    # 10: 10^9 strings once expanded)
+    bag = cr.ros2_bag(tmp_path / "bag")
+    lines = ["a: &a [" + ",".join("x" * 10) + "]"]
+    for this, last in zip("bcdefghi", "abcdefgh", strict=True):
+        lines.append(f"{this}: &{this} [" + ",".join([f"*{last}"] * 10) + "]")
+    lines.append("rosbag2_bagfile_information: {storage_identifier: *i, relative_file_paths: *i}")
+    (bag / "metadata.yaml").write_text("\n".join(lines) + "\n")
+    assert (bag / "metadata.yaml").stat().st_size < 500
+    started = time.monotonic()
+    code, err = _replay(in_process, bag, tmp_path / "out")
+    took = time.monotonic() - started
+    # then it is refused before anything is expanded, in one line
+    assert code == 2 and len(_lines(err)) == 1, err
+    assert "uses YAML anchors or aliases" in _lines(err)[0]
+    assert took < 5, took  # (the whole replay command; the parse itself takes milliseconds)
+
+
 # ------------------------------------------------------------------ not recordings
 
 

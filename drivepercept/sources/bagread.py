@@ -45,6 +45,7 @@ from drivepercept.sources.untrusted import (
 
 STORAGES = ("mcap", "sqlite3")
 ROS1_MAGIC = b"#ROSBAG V2.0\n"
+MAX_STORAGE_FILES = 10_000  # storage files a metadata.yaml may list (a day's bag: hundreds)
 _MIN_ROS1_MESSAGE = 12  # a ROS 1 bag's index entry per message: time and offset
 _MIN_SQLITE_MESSAGE = 16  # a SQLite row's id, topic and timestamp at least
 
@@ -80,12 +81,7 @@ def ros2_metadata(folder: Path) -> Ros2Metadata:
     path = folder / "metadata.yaml"
     with open_regular(path) as f:
         st = os.fstat(f.fileno())
-        if st.st_size > MAX_METADATA_BYTES:
-            raise SourceError(
-                f"{path} is {st.st_size} bytes, more than the {MAX_METADATA_BYTES} a bag's "
-                "metadata may be (a real one is a few KB)"
-            )
-        meta = parsed_once(version_key(st, "ros2-metadata"), lambda: _parse(f.read(), path))
+        meta = parsed_once(version_key(st, "ros2-metadata"), lambda: _read(f, st.st_size, path))
     for file in meta.files:
         try:
             mode = file.stat().st_mode
@@ -98,18 +94,46 @@ def ros2_metadata(folder: Path) -> Ros2Metadata:
     return meta
 
 
+def _read(f: Any, size: int, path: Path) -> Ros2Metadata:
+    """metadata.yaml read (at most `MAX_METADATA_BYTES`: the file may grow) and parsed."""
+    text = f.read(MAX_METADATA_BYTES + 1) if size <= MAX_METADATA_BYTES else b""
+    if size > MAX_METADATA_BYTES or len(text) > MAX_METADATA_BYTES:
+        raise SourceError(
+            f"{path} is {max(size, len(text))} bytes, more than the {MAX_METADATA_BYTES} a "
+            "bag's metadata may be (a real one is a few KB)"
+        )
+    return _parse(text, path)
+
+
 def _parse(text: bytes, path: Path) -> Ros2Metadata:
     from ruamel.yaml import YAML
+    from ruamel.yaml.events import AliasEvent
 
+    def bad(why: str) -> SourceError:
+        return SourceError(f"{path} is not a rosbag2 metadata file ({why})")
+
+    yaml = YAML(typ="safe")
     try:
-        info = YAML(typ="safe").load(text)["rosbag2_bagfile_information"]
-        storage = str(info["storage_identifier"])
-        names = [PurePath(str(x)).name for x in info["relative_file_paths"]]
-        mode = str(info.get("compression_mode") or "").lower()
-        fmt = str(info.get("compression_format") or "").lower()
+        # anchors and aliases refused before anything is built: 500 bytes of aliases of
+        # aliases expand to 10^9 strings (a bag's metadata has no use for them)
+        for event in yaml.parse(text):
+            if isinstance(event, AliasEvent) or getattr(event, "anchor", None) is not None:
+                raise bad("it uses YAML anchors or aliases, which a bag's metadata does not")
+        info = yaml.load(text)["rosbag2_bagfile_information"]
+        storage, listed = info["storage_identifier"], info["relative_file_paths"]
+        mode, fmt = info.get("compression_mode") or "", info.get("compression_format") or ""
+    except SourceError:
+        raise
     except Exception as exc:  # YAML errors, a missing key, a list where a mapping goes
         why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else f"no {exc}"
-        raise SourceError(f"{path} is not a rosbag2 metadata file ({why})") from None
+        raise bad(why) from None
+    if not all(isinstance(x, str) for x in (storage, mode, fmt)):
+        raise bad("storage_identifier and compression_mode/format must be strings")
+    if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
+        raise bad("relative_file_paths must be a list of strings")
+    if len(listed) > MAX_STORAGE_FILES:
+        raise bad(f"it lists {len(listed)} storage files, more than {MAX_STORAGE_FILES}")
+    mode, fmt = mode.lower(), fmt.lower()
     if storage not in STORAGES:
         raise SourceError(f"{path}: storage {storage[:40]!r} is not read (mcap, sqlite3 are)")
     if mode == "file":
@@ -119,7 +143,8 @@ def _parse(text: bytes, path: Path) -> Ros2Metadata:
             "compression_mode: none"
         )
     if mode not in ("", "none", "message") or (mode == "message" and fmt != "zstd"):
-        raise SourceError(f"{path}: compression {mode!r} ({fmt!r}) is not read")
+        raise SourceError(f"{path}: compression {mode[:40]!r} ({fmt[:40]!r}) is not read")
+    names = [PurePath(x).name for x in listed]
     files = tuple(path.parent / n for n in names if n not in ("", ".", ".."))
     if not files:
         raise SourceError(f"{path} lists no storage file")
