@@ -158,17 +158,23 @@ class McapCraft:
         self.counts: collections.Counter[int] = collections.Counter()
         self._ids = 0
 
-    def schema(self, name: str = msgs.COMPRESSED_IMAGE) -> int:
+    def schema(
+        self,
+        name: str = msgs.COMPRESSED_IMAGE,
+        text: bytes | None = None,
+        encoding: str = "ros2msg",
+    ) -> int:
+        """A schema: `name`'s standard definition, or `text` (any definition, any encoding)."""
         self._ids += 1
-        text = msgs.msgdef(name).encode()
-        body = struct.pack("<H", self._ids) + _string(name) + _string("ros2msg") + _string(text)
+        text = msgs.msgdef(name).encode() if text is None else text
+        body = struct.pack("<H", self._ids) + _string(name) + _string(encoding) + _string(text)
         self.schemas.append(_record(0x03, body))
         self.out.write(self.schemas[-1])  # in the data, as writers do, and in the summary
         return self._ids
 
-    def channel(self, topic: str, schema: int) -> int:
+    def channel(self, topic: str, schema: int, encoding: str = "cdr") -> int:
         self._ids += 1
-        body = struct.pack("<HH", self._ids, schema) + _string(topic) + _string("cdr")
+        body = struct.pack("<HH", self._ids, schema) + _string(topic) + _string(encoding)
         self.channels.append(_record(0x04, body + struct.pack("<I", 0)))
         self.out.write(self.channels[-1])
         return self._ids
@@ -181,11 +187,15 @@ class McapCraft:
         declare: int | None = None,
         data: bytes | None = None,
         padding: Sequence[Piece] = (),
+        hole: int = 0,
+        data_length: int | None = None,
     ) -> None:
         """One chunk of `messages` (channel, log time, data pieces), then its message
         indexes. `declare`: the size it claims inflated (else its real one); `data`: its
         compressed bytes (else `messages` and `padding` compressed); `padding`: records after
-        the messages (e.g. millions of empty ones)."""
+        the messages (e.g. millions of empty ones); `hole`: bytes of nothing after its data,
+        inside the record (a sparse file: nothing written); `data_length`: the length of
+        its data that it and its index claim (else the real one)."""
         pieces: list[Piece] = []
         entries: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
         for channel, log_time, message in messages:
@@ -197,10 +207,13 @@ class McapCraft:
         packed = compress(pieces, compression) if data is None else data
         times = [t for _, t, _ in messages] or [0]
         declared = size if declare is None else declare
+        claimed = len(packed) + hole if data_length is None else data_length
         body = struct.pack("<QQQI", min(times), max(times), declared, 0)
-        body += _string(compression) + struct.pack("<Q", len(packed)) + packed
+        body += _string(compression) + struct.pack("<Q", claimed) + packed
         offset = self.out.tell()
-        self.out.write(_record(0x06, body))
+        self.out.write(struct.pack("<BQ", 0x06, len(body) + hole) + body)
+        if hole:
+            self.out.seek(hole, 1)
         first_index = self.out.tell()
         offsets = {}
         for channel, items in entries.items():
@@ -212,11 +225,11 @@ class McapCraft:
                 min(times),
                 max(times),
                 offset,
-                9 + len(body),
+                9 + len(body) + hole,
                 offsets,
                 self.out.tell() - first_index,
                 compression,
-                len(packed),
+                claimed,
                 declared,
             )
         )
@@ -284,13 +297,23 @@ def drive(
 
 
 def ros1_bag(
-    path: Path, frames: int = 20, *, bomb_at: int | None = None, bomb: bytes = b""
+    path: Path,
+    frames: int = 20,
+    *,
+    bomb_at: int | None = None,
+    bomb: bytes = b"",
+    junk_at: int | None = None,
+    junk: int = 0,
+    repeat_first_chunk: int = 1,
 ) -> Path:
     """A ROS 1 bag (bz2) of one camera (/front/image_raw/compressed), a chunk a frame; the
     chunk of frame `bomb_at` holds its frame followed, in its compressed data only, by
-    `bomb` (bz2 streams): its header declares the frame's size, its data inflates past it."""
+    `bomb` (bz2 streams): its header declares the frame's size, its data inflates past it.
+    Frame `junk_at` is of a second connection whose CompressedImage definition adds
+    `junk_msgs/Nothing[] junk`, with `junk` of them; the first chunk's info is listed
+    `repeat_first_chunk` times in the bag's index."""
     from rosbags.rosbag1 import Writer
-    from rosbags.typesys import Stores, get_typestore
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
     store = get_typestore(Stores.ROS1_NOETIC)
     t = store.types
@@ -306,6 +329,16 @@ def ros1_bag(
         w.compressor = compressor
         w.chunk_threshold = 1  # a chunk a message
         conn = w.add_connection(FRONT, name, typestore=store)
+        junk_conn = conn
+        if junk_at is not None:
+            text, _ = store.generate_msgdef(name)
+            junk_store = get_typestore(Stores.EMPTY)
+            main, sep, rest = text.partition("=" * 80)
+            section = "=" * 80 + "\nMSG: junk_msgs/Nothing\n"
+            junk_text = main.rstrip("\n") + "\njunk_msgs/Nothing[] junk\n" + sep + rest + section
+            junk_store.register(get_types_from_msg(junk_text, name))
+            msgdef, md5 = junk_store.generate_msgdef(name)
+            junk_conn = w.add_connection(FRONT, name, msgdef=msgdef, md5sum=md5, callerid="junk")
         for k in range(frames):
             s = stamp(k)
             header = t["std_msgs/msg/Header"](
@@ -315,8 +348,39 @@ def ros1_bag(
             )
             m = t[name](header=header, format="jpeg", data=np.frombuffer(jpeg(k), np.uint8))
             armed["now"] = k == bomb_at
-            w.write(conn, s, store.serialize_ros1(m, name))
+            data = bytes(store.serialize_ros1(m, name))
+            if k == junk_at:
+                w.write(junk_conn, s, data + struct.pack("<I", junk))
+            else:
+                w.write(conn, s, data)
+    if repeat_first_chunk > 1:
+        _repeat_first_chunk_info(path, repeat_first_chunk)
     return path
+
+
+def _repeat_first_chunk_info(path: Path, times: int) -> None:
+    """The bag's index rewritten to list its first chunk's info `times` times."""
+    import io
+
+    from rosbags.rosbag1.reader import Header
+
+    data = bytearray(path.read_bytes())
+    bag_header = Header.read(io.BytesIO(data[13:]))
+    index_pos = bag_header.get_uint64("index_pos")
+    conns, chunks = bag_header.get_uint32("conn_count"), bag_header.get_uint32("chunk_count")
+
+    def record_end(pos: int) -> int:
+        (header,) = struct.unpack_from("<I", data, pos)
+        (body,) = struct.unpack_from("<I", data, pos + 4 + header)
+        return int(pos + 8 + header + body)
+
+    pos = index_pos
+    for _ in range(conns):
+        pos = record_end(pos)
+    first, end = pos, record_end(pos)
+    at = data.index(b"chunk_count=", 13) + len(b"chunk_count=")
+    data[at : at + 4] = struct.pack("<I", chunks + times - 1)
+    path.write_bytes(bytes(data[:end]) + bytes(data[first:end]) * (times - 1) + bytes(data[end:]))
 
 
 def ros2_bag(folder: Path, frames: int = 4, *, compression: str = "") -> Path:
@@ -343,3 +407,92 @@ def storage_files(folder: Path) -> list[Path]:
     return [
         folder / Path(p).name for p in info["rosbag2_bagfile_information"]["relative_file_paths"]
     ]
+
+
+# ------------------------------------------------------------------ messages that build more
+
+
+def junk_schema(name: str = msgs.COMPRESSED_IMAGE) -> bytes:
+    """`name`'s standard definition with a last field `junk_msgs/Nothing[] junk`: an empty
+    message, one byte each in CDR (none in ROS 1), one Python object each when decoded."""
+    main, sep, rest = msgs.msgdef(msgs.COMPRESSED_IMAGE).partition("=" * 80)
+    section = "=" * 80 + "\nMSG: junk_msgs/Nothing\n"
+    return (main.rstrip("\n") + "\njunk_msgs/Nothing[] junk\n" + sep + rest + section).encode()
+
+
+def junk_message(k: int, frame_id: str, junk: int) -> list[Piece]:
+    """Frame `k`'s CompressedImage (CDR) followed by `junk` empty messages (`junk_schema`)."""
+    head = image_message(k, frame_id)
+    head += bytes(-len(head) % 4) + struct.pack("<I", junk)
+    return [head, Zeros(junk)]
+
+
+def json_image(k: int, *, data: bytes | None = None, sec: int | None = None) -> bytes:
+    """A Foxglove CompressedImage as JSON: frame `k`'s JPEG in base64, or `data` as it is
+    (e.g. a list of a million `{}`), stamped `sec` seconds (else `stamp(k)`)."""
+    import base64
+
+    s = stamp(k)
+    seconds = s // 10**9 if sec is None else sec
+    body = data if data is not None else b'"' + base64.b64encode(jpeg(k)) + b'"'
+    head = f'{{"timestamp": {{"sec": {seconds}, "nsec": {s % 10**9}}}, "frame_id": "front", '
+    return head.encode() + b'"format": "jpeg", "data": ' + body + b"}"
+
+
+def protobuf_schema(junk: bool = False) -> bytes:
+    """A FileDescriptorSet of foxglove.CompressedImage (and google.protobuf.Timestamp); with
+    `junk`, a field `repeated Nothing junk = 9` (an empty message: 2 bytes each)."""
+    from google.protobuf import descriptor_pb2 as d  # type: ignore[import-untyped]
+
+    f = d.FieldDescriptorProto
+    fds = d.FileDescriptorSet()
+    ts = fds.file.add(name="google/protobuf/timestamp.proto", package="google.protobuf")
+    ts.syntax = "proto3"
+    t = ts.message_type.add(name="Timestamp")
+    t.field.add(name="seconds", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    t.field.add(name="nanos", number=2, type=f.TYPE_INT32, label=f.LABEL_OPTIONAL)
+    image = fds.file.add(name="foxglove/CompressedImage.proto", package="foxglove")
+    image.syntax = "proto3"
+    image.dependency.append("google/protobuf/timestamp.proto")
+    m = image.message_type.add(name="CompressedImage")
+    m.field.add(
+        name="timestamp",
+        number=1,
+        type=f.TYPE_MESSAGE,
+        type_name=".google.protobuf.Timestamp",
+        label=f.LABEL_OPTIONAL,
+    )
+    m.field.add(name="frame_id", number=4, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    m.field.add(name="data", number=2, type=f.TYPE_BYTES, label=f.LABEL_OPTIONAL)
+    m.field.add(name="format", number=3, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    if junk:
+        image.message_type.add(name="Nothing")
+        m.field.add(
+            name="junk",
+            number=9,
+            type=f.TYPE_MESSAGE,
+            type_name=".foxglove.Nothing",
+            label=f.LABEL_REPEATED,
+        )
+    return bytes(fds.SerializeToString())
+
+
+def protobuf_image(k: int, junk: int = 0) -> bytes:
+    """Frame `k` as a foxglove.CompressedImage in protobuf's wire format, with `junk` empty
+    `Nothing` messages (field 9) after it."""
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    def field(number: int, data: bytes) -> bytes:
+        return varint(number << 3 | 2) + varint(len(data)) + data
+
+    s = stamp(k)
+    ts = varint(1 << 3) + varint(s // 10**9) + varint(2 << 3) + varint(s % 10**9)
+    body = field(1, ts) + field(4, b"front") + field(2, jpeg(k)) + field(3, b"jpeg")
+    return body + b"\x4a\x00" * junk

@@ -214,6 +214,75 @@ def test_chunks_at_the_limit_are_inflated_one_at_a_time(tmp_path: Path) -> None:
     assert got.code == 3 and "(a: 4, b: 4, c: 4, d: 4)" in got.err, got.err
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_six_cameras_at_the_chunk_limit_hold_one_chunk_at_a_time(tmp_path: Path) -> None:
+    # given six cameras whose drives hold, halfway, four chunks each at the chunk limit
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        for i in range(4):
+            for cam, ch in ids.items():
+                craft.chunk([(ch, cr.stamp(9) + 1 + i, cr.big_image(9, cam, 250 * cr.MiB))])
+
+    cams = ("a", "b", "c", "d", "e", "f")
+    craft, _ = cr.drive(tmp_path / "six.mcap", cameras=cams, middle=middle)
+    got = _replay_child(craft.finish(), tmp_path)
+    # then each camera's chunk and its message keep their room until the message is given
+    # and decoded: the cameras hold about one chunk between them, whatever their number
+    # (four cameras took 1.35 GB when the room was given back once a chunk was inflated)
+    _no_traceback(got.err)
+    assert got.peak_mb < PEAK_LIMIT_MB, got
+    assert got.code == 3 and "(a: 4, b: 4, c: 4, d: 4, e: 4, f: 4)" in got.err, got.err
+    assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {c: 20 for c in cams}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cameras_with_slow_consumers_hold_one_room_of_messages_between_them(
+    tmp_path: Path,
+) -> None:
+    import threading
+    import tracemalloc
+
+    # given six cameras whose chunks each hold two 64 MiB messages, two chunks a camera
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        for i in range(2):
+            for cam, ch in ids.items():
+                t = cr.stamp(1) + 1 + 2 * i
+                craft.chunk([(ch, t + j, cr.big_image(1, cam, 64 * cr.MiB)) for j in (0, 1)])
+
+    cams = ("a", "b", "c", "d", "e", "f")
+    craft, _ = cr.drive(tmp_path / "slow.mcap", cameras=cams, frames=2, middle=middle)
+    path = craft.finish()
+    given: dict[str, int] = {}
+
+    def consume(cam: str) -> None:  # a camera whose pipeline takes 0.2 s a message
+        rec = open_container(path)
+        messages = rec.messages(f"/{cam}/image_raw/compressed", lambda why, lost: None)
+        while (message := next(messages, None)) is not None:
+            del message
+            time.sleep(0.2)
+            given[cam] = given.get(cam, 0) + 1
+        rec.close()
+
+    # when each camera reads them on its own thread, holding each message a while
+    tracemalloc.start()
+    try:
+        threads = [threading.Thread(target=consume, args=(c,), name=f"decode-{c}") for c in cams]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not any(t.is_alive() for t in threads)
+    # then their messages keep their part of the room until given: the cameras hold about
+    # a chunk at the limit between them (each holding its chunk's messages: 6 x 128 MiB)
+    print(f"six cameras, slow consumers: peak {peak / cr.MiB:.0f} MiB allocated")
+    assert given == {c: 6 for c in cams}
+    assert peak < 384 * cr.MiB
+
+
 def test_overlapping_chunks_are_each_read_once_in_stamp_order(tmp_path: Path) -> None:
     # given chunks whose times interleave (two writers' chunks, each with every other frame)
     craft = cr.McapCraft(tmp_path / "interleaved.mcap")
@@ -382,8 +451,12 @@ def test_a_damaged_chunk_paced_in_real_time_is_counted_too(in_process: Cli, tmp_
     assert _undecodable(tmp_path / "r") == {"front": 1, "back": 0}
 
 
-@pytest.mark.parametrize("lie", ["offset", "size", "outside", "compression"])
-def test_a_chunk_index_that_lies_is_checked_against_the_file(tmp_path: Path, lie: str) -> None:
+@pytest.mark.parametrize("lie", ["offset", "size", "outside", "compression", "left out"])
+def test_a_summary_whose_chunk_indexes_disagree_with_the_file_is_read_front_to_back(
+    tmp_path: Path, lie: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # given a drive whose summary lies about one chunk (its offset, size or compression), or
+    # leaves it out
     craft, _ = cr.drive(tmp_path / "lies.mcap", cameras=("front",), frames=5)
     index = craft.indexes[2]
     if lie == "offset":  # into the middle of the chunk
@@ -392,15 +465,23 @@ def test_a_chunk_index_that_lies_is_checked_against_the_file(tmp_path: Path, lie
         index.uncompressed += 1
     elif lie == "outside":
         index.offset = 10**12
-    else:
+    elif lie == "compression":
         index.compression = "brotli"
-    reader = RecordingReader(craft.finish(), FRONT)
+    else:
+        del craft.indexes[2]
+    path = craft.finish()
+    # when it is read
+    reader = RecordingReader(path, FRONT)
     stamps = []
     while (frame := reader.read()) is not None:
         stamps.append(frame.stamp_ns)
     reader.close()
-    assert stamps == [cr.stamp(k) for k in (0, 1, 3, 4)]
-    assert reader.chunks_skipped == 1 and reader.undecodable == 1
+    # then its indexes are checked against the file before anything is read, and the file
+    # is read front to back: every frame, and a warning saying why
+    assert stamps == [cr.stamp(k) for k in range(5)]
+    assert reader.undecodable == 0 and reader.chunks_skipped == 0
+    assert reader.info.frame_count == -1  # (its counts are not believed either)
+    assert "its summary disagrees with the file" in caplog.text
 
 
 def test_a_first_frame_that_cannot_be_used_is_skipped_and_counted(
@@ -468,6 +549,181 @@ def test_colliding_topic_names_give_numbered_cameras(in_process: Cli, tmp_path: 
     assert {c: len(s) for c, s in _outputs(tmp_path / "r").items()} == {"a_b": 3, "a_b_2": 3}
 
 
+# ------------------------------------------------------------------ bounded reads and decodes
+
+
+@dataclass(frozen=True)
+class Read:
+    stamps: list[int]
+    undecodable: int
+    chunks_skipped: int
+    peak_bytes: int  # what Python and numpy allocated at most while it was read
+    seconds: float
+
+
+def _read_all(path: Path, topic: str = FRONT) -> Read:
+    """Every frame of `topic`, read in this process under tracemalloc (which sees every
+    bytes object and numpy array the readers build: a read of a sparse gigabyte shows)."""
+    import tracemalloc
+
+    started = time.monotonic()
+    tracemalloc.start()
+    try:
+        reader = RecordingReader(path, topic)
+        stamps = []
+        while (frame := reader.read()) is not None:
+            stamps.append(frame.stamp_ns or 0)
+        reader.close()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    took = time.monotonic() - started
+    print(f"{path.name}: peak {peak / cr.MiB:.1f} MiB allocated, {took:.2f} s")
+    return Read(stamps, reader.undecodable, reader.chunks_skipped, peak, took)
+
+
+@pytest.mark.parametrize("read", ["indexed", "front to back"])
+@pytest.mark.parametrize("lie", ["over the limit", "data length"])
+def test_a_chunk_record_is_checked_before_it_is_read(tmp_path: Path, read: str, lie: str) -> None:
+    # given a 20-frame drive with a chunk halfway whose record is 4 GiB (over the limit), or
+    # 200 MiB of which its header and index say 10 bytes are data: a sparse file, a few KB on
+    # disk, whose index and chunk header agree
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        frame = [(ids["front"], cr.stamp(9) + 1, [cr.image_message(9, "front")])]
+        if lie == "over the limit":
+            craft.chunk(frame, hole=4 * cr.GiB)
+        else:
+            craft.chunk(frame, hole=200 * cr.MiB, data_length=10)
+
+    craft, _ = cr.drive(tmp_path / "sparse.mcap", cameras=("front",), middle=middle)
+    path = craft.finish(cut_summary=read != "indexed")
+    assert path.stat().st_blocks * 512 < 1_000_000
+    # when it is read
+    got = _read_all(path)
+    # then the chunk is refused from its record's head alone, never read: counted, the rest
+    # read, and the reading allocates what a 20-frame drive does
+    assert got.stamps == [cr.stamp(k) for k in range(20)]
+    assert got.undecodable == 1 and got.chunks_skipped == 1
+    assert got.peak_bytes < 32 * cr.MiB and got.seconds < 10, got
+
+
+def test_a_cdr_image_whose_schema_adds_a_junk_field_is_one_undecodable_frame(
+    tmp_path: Path,
+) -> None:
+    # given a drive whose front topic holds, beside its 20 frames, one message of a channel
+    # whose CompressedImage schema adds `junk_msgs/Nothing[] junk`: 16 MiB of empty messages
+    # (16 M Python objects, about 2 GB, decoded by that schema)
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        schema = craft.schema(msgs.COMPRESSED_IMAGE, cr.junk_schema())
+        junk = craft.channel(FRONT, schema)
+        craft.chunk([(junk, cr.stamp(9) + 1, cr.junk_message(9, "front", 16 * cr.MiB))])
+
+    craft, _ = cr.drive(tmp_path / "junk.mcap", cameras=("front",), middle=middle)
+    got = _read_all(craft.finish())
+    # then it is decoded by the standard definition, which it does not fit: one undecodable
+    # frame, read in a moment with no more memory than its bytes
+    assert got.stamps == [cr.stamp(k) for k in range(20)]
+    assert got.undecodable == 1 and got.chunks_skipped == 0
+    assert got.peak_bytes < 64 * cr.MiB and got.seconds < 10, got
+
+
+def test_a_non_standard_image_type_with_a_sequence_of_messages_is_not_decoded() -> None:
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    from drivepercept.sources.untrusted import decoder_for
+
+    store = get_typestore(Stores.EMPTY)
+    name = "foxglove_msgs/msg/CompressedImage"  # (not in rosbags' standard store)
+    store.register(get_types_from_msg(cr.junk_schema().decode(), name))
+    decode = decoder_for(name, ros1=False, own=lambda: store)
+    with pytest.raises(RefusedError, match="a sequence junk of junk_msgs/msg/Nothing"):
+        decode(b"".join(p for p in cr.junk_message(1, "front", 0) if isinstance(p, bytes)))
+
+
+def test_json_images_are_checked_before_they_are_parsed(tmp_path: Path) -> None:
+    # given a Foxglove JSON front topic of 20 frames, and halfway one whose data is 8 MiB of
+    # `{},` (2.8 M dicts: 220 MB parsed) and one stamped 10^30 s
+    craft = cr.McapCraft(tmp_path / "json.mcap")
+    schema = craft.schema("foxglove.CompressedImage", b"{}", "jsonschema")
+    ch = craft.channel(FRONT, schema, "json")
+    for k in range(20):
+        craft.chunk([(ch, cr.stamp(k), [cr.json_image(k)])])
+        if k == 9:
+            dicts = b"[" + b"{}," * (8 * cr.MiB // 3) + b"{}]"
+            craft.chunk([(ch, cr.stamp(k) + 1, [cr.json_image(k, data=dicts)])])
+            craft.chunk([(ch, cr.stamp(k) + 2, [cr.json_image(k, sec=10**30)])])
+    got = _read_all(craft.finish())
+    # then neither is built: two undecodable frames, the other 20 read
+    assert got.stamps == [cr.stamp(k) for k in range(20)]
+    assert got.undecodable == 2
+    assert got.peak_bytes < 64 * cr.MiB and got.seconds < 10, got
+
+
+def test_protobuf_images_are_decoded_only_by_a_schema_that_cannot_build_more(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("mcap_protobuf")
+
+    # given a front topic of 20 CDR frames, one protobuf frame of a Foxglove schema, and one
+    # of a schema that adds `repeated Nothing junk` (a million empty messages, 2 MB)
+    def middle(craft: cr.McapCraft, ids: dict[str, int]) -> None:
+        for junk in (False, True):
+            schema = craft.schema("foxglove.CompressedImage", cr.protobuf_schema(junk), "protobuf")
+            ch = craft.channel(FRONT, schema, "protobuf")
+            message = cr.protobuf_image(9, junk=1_000_000 if junk else 0)
+            craft.chunk([(ch, cr.stamp(9) + 1 + junk, [message])])
+
+    craft, _ = cr.drive(tmp_path / "protobuf.mcap", cameras=("front",), middle=middle)
+    got = _read_all(craft.finish())
+    # then the first is read (stamped as frame 9), the second is one undecodable frame,
+    # never decoded
+    assert got.stamps == sorted([cr.stamp(k) for k in range(20)] + [cr.stamp(9)])
+    assert got.undecodable == 1
+    assert got.peak_bytes < 64 * cr.MiB and got.seconds < 10, got
+
+
+def test_a_ros1_image_whose_definition_adds_a_junk_field_is_one_undecodable_frame(
+    tmp_path: Path,
+) -> None:
+    # given a ROS 1 bag whose 11th frame is of a connection whose CompressedImage definition
+    # adds `junk_msgs/Nothing[] junk` with 10 million of them (4 bytes in ROS 1: an empty
+    # message takes none)
+    path = cr.ros1_bag(tmp_path / "junk.bag", junk_at=10, junk=10_000_000)
+    got = _read_all(path)
+    # then it is decoded by the standard definition: one undecodable frame
+    assert len(got.stamps) == 19 and cr.stamp(10) not in got.stamps
+    assert got.undecodable == 1
+    assert got.peak_bytes < 64 * cr.MiB and got.seconds < 10, got
+
+
+def test_a_topic_that_is_not_an_image_topic_is_refused_at_open(tmp_path: Path) -> None:
+    # given a drive whose topic /notes is std_msgs/String (a rig may name any topic)
+    craft, _ = cr.drive(tmp_path / "d.mcap", cameras=("front",), frames=2)
+    notes = craft.channel("/notes", craft.schema("std_msgs/msg/String"))
+    craft.chunk(
+        [
+            (
+                notes,
+                cr.stamp(0),
+                [
+                    msgs.serialize(
+                        msgs.typestore().types["std_msgs/msg/String"](data="hi"),
+                        "std_msgs/msg/String",
+                    )
+                ],
+            )
+        ]
+    )
+    path = craft.finish()
+    # then reading it as a camera is one line naming its type and the image topics
+    with pytest.raises(SourceError) as raised:
+        RecordingReader(path, "/notes")
+    assert str(raised.value) == (
+        f"{path}: topic /notes is std_msgs/msg/String, not an image topic (its image topics: "
+        f"{FRONT})"
+    )
+
+
 def test_a_metadata_yaml_alias_bomb_is_refused_at_once(in_process: Cli, tmp_path: Path) -> None:
     # given a ROS 2 bag whose metadata.yaml is 500 bytes of aliases of aliases (9 levels of
     # 10: 10^9 strings once expanded)
@@ -485,6 +741,80 @@ def test_a_metadata_yaml_alias_bomb_is_refused_at_once(in_process: Cli, tmp_path
     assert code == 2 and len(_lines(err)) == 1, err
     assert "uses YAML anchors or aliases" in _lines(err)[0]
     assert took < 5, took  # (the whole replay command; the parse itself takes milliseconds)
+
+
+@pytest.mark.parametrize("what", ["4 GiB of zeros", "a flood of unknown records"])
+def test_a_file_without_a_summary_that_is_not_mcap_data_ends_its_walk(
+    tmp_path: Path, what: str
+) -> None:
+    # given a 20-frame drive without a summary, whose data goes on after its frames with
+    # 4 GiB of zeros (sparse; 477 M empty records of opcode 0) or 200,000 empty records of a
+    # private opcode (1.8 MB)
+    craft, _ = cr.drive(tmp_path / "walk.mcap", cameras=("front",))
+    if what.startswith("4 GiB"):
+        craft.out.truncate(craft.out.tell() + 4 * cr.GiB)
+    else:
+        craft.out.write((b"\x80" + bytes(8)) * 200_000)
+    craft.out.close()
+    # when it is read front to back
+    started = time.monotonic()
+    reader = RecordingReader(craft.path, FRONT)
+    stamps = []
+    with pytest.raises(SourceError, match="cut short or damaged after 20 frames") as raised:
+        while (frame := reader.read()) is not None:
+            stamps.append(frame.stamp_ns)
+    reader.close()
+    # then the walk stops there at once, every frame before it read (the run exits 3)
+    assert stamps == [cr.stamp(k) for k in range(20)]
+    assert "which is not MCAP data" in str(raised.value)
+    assert time.monotonic() - started < 10
+
+
+def test_a_ros1_chunk_listed_many_times_replays_its_frames_once(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given a 20-frame ROS 1 bag whose index lists its first chunk's info 50 times
+    path = cr.ros1_bag(tmp_path / "dup.bag", repeat_first_chunk=50)
+    reader = RecordingReader(path, FRONT)
+    assert reader.info.frame_count == 20  # each message counted once
+    reader.close()
+    code, err = _replay(in_process, path, tmp_path)
+    assert code == 0, err
+    assert _outputs(tmp_path / "r") == {"front": [cr.stamp(k) for k in range(20)]}
+
+
+def test_a_ros1_chunk_header_is_peeked_before_it_is_read(tmp_path: Path) -> None:
+    from drivepercept.sources.bagread import Ros1Bag
+
+    # given a bag opened by rosbags, whose 4th chunk's header length then says 4 GiB - 1
+    path = cr.ros1_bag(tmp_path / "header.bag", frames=6)
+    bag = Ros1Bag(path)
+    pos = sorted({e.chunk_pos for entries in bag._bag.indexes.values() for e in entries})[3]
+    with path.open("r+b") as f:
+        f.seek(pos)
+        f.write(b"\xff\xff\xff\xff")
+    # when its frames are read
+    damaged: list[str] = []
+    got = list(bag.messages(FRONT, lambda why, lost: damaged.append(why)))
+    bag.close()
+    # then the header is not read (rosbags would read 4 GiB): the chunk is skipped, reported
+    assert len(got) == 5
+    assert damaged == [f"chunk at byte {pos} skipped: a record header of 4294967295 bytes"]
+
+
+def test_a_topic_of_damaged_chunks_only_names_the_damage(tmp_path: Path) -> None:
+    # given a camera whose every chunk is garbage
+    craft = cr.McapCraft(tmp_path / "damaged.mcap")
+    ch = craft.channel(FRONT, craft.schema())
+    for k in range(3):
+        frame = [(ch, cr.stamp(k), [cr.image_message(k, "front")])]
+        craft.chunk(frame, data=b"\x28\xb5\x2f\xfd not zstd after all", declare=4000)
+    path = craft.finish()
+    with pytest.raises(SourceError) as raised:
+        RecordingReader(path, FRONT)
+    message = str(raised.value)
+    assert "none of the 3 images read can be used (the last: chunk at byte" in message
+    assert "does not decompress" in message
 
 
 # ------------------------------------------------------------------ not recordings

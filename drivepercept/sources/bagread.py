@@ -10,17 +10,27 @@ does safely (a ROS 1 bag's index, the SQLite storage of a ROS 2 bag, deserializi
   whole chunks), its SQLite storage by rosbags on the storage files themselves (no
   metadata.yaml parse of its own: SQLite holds no compressed chunks).
 * A ROS 1 bag is opened by rosbags (its index, connections and types), but its chunks are
-  read here: one at a time, in the order of their first message, each checked against the
-  file and the chunk limit, inflated by a bounded decompressor (bz2, lz4) to the size its
-  header declares, and skipped (reported with its messages of the topic) when it fails.
+  read here: one at a time, in the order of their first message, each once however often
+  the index lists it (and each message once), its record header at most
+  `MAX_RECORD_HEADER`, checked against the file and the chunk limit, inflated by a bounded
+  decompressor (bz2, lz4) to the size its header declares inside the reader's share of the
+  process's room (`untrusted.Share`), its messages of the topic copied out before the chunk
+  is dropped, and skipped (reported with its messages of the topic) when it fails. rosbags'
+  own open still reads the bag's index records as the file gives them (a record header is
+  read whole; an index listed many times is read as often).
+* Messages of the image and calibration types are decoded by the standard definitions of
+  rosbags' own type stores (ROS 2 Humble, ROS 1 Noetic), not by the definitions a bag
+  carries, which may add fields that build far more than their bytes (`decoder_for`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
 import stat
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -31,26 +41,28 @@ from drivepercept.sources.untrusted import (
     MAX_CHUNK_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_METADATA_BYTES,
+    Buffer,
+    Message,
     MiB,
+    OnDamage,
     RefusedError,
+    Share,
     Topic,
+    decoder_for,
     file_kind,
     inflate,
-    inflating,
+    merged_topics,
     open_regular,
     parsed_once,
-    plausible,
     version_key,
 )
 
 STORAGES = ("mcap", "sqlite3")
 ROS1_MAGIC = b"#ROSBAG V2.0\n"
 MAX_STORAGE_FILES = 10_000  # storage files a metadata.yaml may list (a day's bag: hundreds)
+MAX_RECORD_HEADER = MiB  # a ROS 1 record's header: a few hundred bytes in a real bag
 _MIN_ROS1_MESSAGE = 12  # a ROS 1 bag's index entry per message: time and offset
 _MIN_SQLITE_MESSAGE = 16  # a SQLite row's id, topic and timestamp at least
-
-OnDamage = Callable[[str, "int | None"], None]
-Message = tuple[int, str, Callable[[], Any]]  # (log time ns, type name, decode)
 
 
 # ------------------------------------------------------------------ ROS 2 metadata
@@ -171,20 +183,29 @@ def inflated_message(data: bytes, compression: str) -> bytes:
 
 def any_reader(paths: list[Path]) -> Any:
     """rosbags' AnyReader over `paths`, opened; every error it raises (AnyReaderError,
-    FileNotFoundError, AssertionError from a ROS 1 index's asserts, ...) as one line.
+    FileNotFoundError, AssertionError from a ROS 1 index's asserts, ...) as one line, and a
+    reader half opened closed.
 
     Raises:
         SourceError: the bag cannot be opened.
     """
     from rosbags.highlevel import AnyReader
 
+    reader = None
     try:
         reader = AnyReader(paths)
         reader.open()
     except Exception as exc:
+        if reader is not None:
+            _close_quietly(reader)
         what = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
         raise SourceError(f"cannot read bag {paths[0]}: {what}"[:400]) from None
     return reader
+
+
+def _close_quietly(reader: Any) -> None:
+    with contextlib.suppress(Exception):  # (one that failed to open may fail to close)
+        reader.close()
 
 
 class Sqlite3Bag:
@@ -192,17 +213,17 @@ class Sqlite3Bag:
     messages compressed one by one are inflated under the message limit."""
 
     def __init__(self, meta: Ros2Metadata) -> None:
-        self._reader = any_reader(list(meta.files))
         self._compression = meta.message_compression
-        self._room = sum(f.stat().st_size for f in meta.files)
+        try:
+            self._room = sum(f.stat().st_size for f in meta.files)
+        except OSError as exc:
+            raise SourceError(f"cannot read bag {meta.files[0]}: {exc.strerror}") from None
+        self._reader = any_reader(list(meta.files))
+        self._decoders: dict[str, Callable[[Buffer], Any]] = {}
 
     def topics(self) -> list[Topic]:
-        out: dict[str, Topic] = {}
-        for conn in self._reader.connections:
-            t = out.get(conn.topic)
-            count = conn.msgcount + (t.count if t else 0)
-            out[conn.topic] = Topic(conn.topic, conn.msgtype, count)
-        return [_hint(t, self._room, _MIN_SQLITE_MESSAGE) for t in out.values()]
+        found = [Topic(c.topic, c.msgtype, c.msgcount) for c in self._reader.connections]
+        return merged_topics(found, self._room, _MIN_SQLITE_MESSAGE)
 
     def messages(self, topic: str, on_damage: OnDamage) -> Iterator[Message]:
         conns = [c for c in self._reader.connections if c.topic == topic]
@@ -210,7 +231,10 @@ class Sqlite3Bag:
             yield log_time, conn.msgtype, functools.partial(self._decode, raw, conn.msgtype)
 
     def _decode(self, raw: bytes, msgtype: str) -> Any:
-        return self._reader.deserialize(inflated_message(raw, self._compression), msgtype)
+        if (decode := self._decoders.get(msgtype)) is None:
+            own = functools.partial(getattr, self._reader, "typestore")
+            decode = self._decoders[msgtype] = decoder_for(msgtype, ros1=False, own=own)
+        return decode(inflated_message(raw, self._compression))
 
     def metadata(self, name: str) -> dict[str, str] | None:
         return None
@@ -220,11 +244,6 @@ class Sqlite3Bag:
 
     def close(self) -> None:
         self._reader.close()
-
-
-def _hint(topic: Topic, room_bytes: int, smallest_bytes: int) -> Topic:
-    """`topic` with its count unknown where the files cannot hold that many messages."""
-    return Topic(topic.name, topic.msgtype, plausible(topic.count, room_bytes, smallest_bytes))
 
 
 # ------------------------------------------------------------------ ROS 1
@@ -238,62 +257,106 @@ class Ros1Bag:
         with open_regular(path) as f:  # rosbags reads its first line whole, however long
             if f.read(len(ROS1_MAGIC)) != ROS1_MAGIC:
                 raise SourceError(f"{path} is not a ROS 1 bag (it does not start as one)")
+            self._size = os.fstat(f.fileno()).st_size
         self._reader = any_reader([path])
         self._bag = self._reader.readers[0]
-        self._size = path.stat().st_size
+        self._decoders: dict[str, Callable[[Buffer], Any]] = {}
 
     def topics(self) -> list[Topic]:
-        out: dict[str, Topic] = {}
-        for conn in self._reader.connections:
-            t = out.get(conn.topic)
-            count = conn.msgcount + (t.count if t else 0)
-            out[conn.topic] = Topic(conn.topic, conn.msgtype, count)
-        return [_hint(t, self._size, _MIN_ROS1_MESSAGE) for t in out.values()]
+        counts = self._counts()
+        found = [Topic(c.topic, c.msgtype, counts.get(c.id, 0)) for c in self._reader.connections]
+        return merged_topics(found, self._size, _MIN_ROS1_MESSAGE)
+
+    def _counts(self) -> dict[int, int]:
+        """Messages per connection, each counted once however often the index lists it."""
+        return {
+            conn_id: len({(e.chunk_pos, e.offset) for e in entries})
+            for conn_id, entries in self._bag.indexes.items()
+        }
 
     def messages(self, topic: str, on_damage: OnDamage) -> Iterator[Message]:
         """The topic's messages, chunk by chunk (each chunk's in time order, chunks by their
-        first message); a chunk that cannot be read is reported and skipped, a message record
-        that cannot be read is given as a message whose decode raises (one skipped frame)."""
+        first message), each once however often the index lists it; a chunk that cannot be
+        read is reported and skipped, a message record that cannot be read is given as a
+        message whose decode raises (one skipped frame). A chunk's messages keep their part
+        of the room until each has been given."""
         conns = {c.id: c for c in self._reader.connections if c.topic == topic}
-        by_chunk: dict[int, list[tuple[int, int, int]]] = {}  # (time, offset, connection)
+        by_chunk: dict[int, dict[int, tuple[int, int]]] = {}  # chunk -> offset -> (time, conn)
         for conn_id in conns:
             for entry in self._bag.indexes.get(conn_id, ()):
-                by_chunk.setdefault(entry.chunk_pos, []).append((entry.time, entry.offset, conn_id))
-        for pos, entries in sorted(by_chunk.items(), key=lambda c: (min(c[1]), c[0])):
-            try:
-                data = self._chunk(pos)
-            except RefusedError as exc:
-                on_damage(f"chunk at byte {pos} skipped: {exc}", len(entries))
-                continue
-            for log_time, offset, conn_id in sorted(entries):
-                msgtype = conns[conn_id].msgtype
-                yield log_time, msgtype, functools.partial(self._decode, data, offset, conns)
+                at = by_chunk.setdefault(entry.chunk_pos, {})
+                at.setdefault(entry.offset, (entry.time, conn_id))
+        share = Share()
+        try:
+            for pos, entries in sorted(by_chunk.items(), key=lambda c: (min(c[1].values()), c[0])):
+                try:
+                    got = self._chunk(pos, entries, conns, share)
+                except RefusedError as exc:
+                    share.hold(0)
+                    on_damage(f"chunk at byte {pos} skipped: {exc}", len(entries))
+                    continue
+                kept = sum(len(raw) for _, _, raw in got if isinstance(raw, bytes))
+                share.hold(kept)
+                got.reverse()
+                while got:  # given one by one: none held here once given
+                    log_time, msgtype, raw = got.pop()
+                    yield log_time, msgtype, functools.partial(self._decode, raw, msgtype)
+                    kept -= len(raw) if isinstance(raw, bytes) else 0
+                    raw = b""
+                    share.hold(kept)
+        finally:
+            share.hold(0)
 
-    def _decode(self, data: bytes, offset: int, conns: dict[int, Any]) -> Any:
-        conn_id, raw = _record(data, offset)
-        if conn_id not in conns:
-            raise SourceError(f"the message at {offset} of its chunk is of another topic")
-        return self._reader.deserialize(raw, conns[conn_id].msgtype)
+    def _decode(self, raw: bytes | SourceError, msgtype: str) -> Any:
+        if isinstance(raw, SourceError):
+            raise raw
+        if (decode := self._decoders.get(msgtype)) is None:
+            own = functools.partial(getattr, self._reader, "typestore")
+            decode = self._decoders[msgtype] = decoder_for(msgtype, ros1=True, own=own)
+        return decode(raw)
 
-    def _chunk(self, pos: int) -> bytes:
-        """The chunk at `pos`, inflated under the chunk limit to the size it declares."""
+    def _chunk(
+        self, pos: int, entries: dict[int, tuple[int, int]], conns: dict[int, Any], share: Share
+    ) -> list[tuple[int, str, bytes | SourceError]]:
+        """(log time, type, message bytes or why they cannot be read) of the messages at
+        `entries` of the chunk at `pos`, by time: the chunk inflated under the chunk limit to
+        the size it declares, inside `share`, and dropped once they are copied out."""
         from rosbags.rosbag1.reader import Header, RecordType, read_uint32
 
         bio = self._bag.bio
         try:
             bio.seek(pos)
+            (length,) = struct.unpack("<I", bio.read(4))
+            if length > MAX_RECORD_HEADER:  # read whole by rosbags, before any check
+                raise RefusedError(f"a record header of {length} bytes")
+            bio.seek(pos)
             header = Header.read(bio, RecordType.CHUNK)
             compression = header.get_string("compression")
             size = header.get_uint32("size")
             datasize = read_uint32(bio)
+        except RefusedError:
+            raise
         except Exception as exc:
             raise RefusedError(f"a damaged chunk header ({exc})") from None
         if datasize > MAX_CHUNK_BYTES + MiB or datasize > self._size - bio.tell():
             raise RefusedError(f"{datasize} bytes of data where the file or the limit has not")
         if compression not in ("none", "bz2", "lz4"):
             raise RefusedError(f"an unknown compression {compression[:40]!r}")
-        with inflating(size):  # (its messages are copied out when each is decoded)
-            return bytes(inflate(bio.read(datasize), compression, size))  # (bytes: no copy)
+        # the data, inflated (uncompressed: the data itself), and the messages copied out
+        share.hold(datasize + size * (1 if compression == "none" else 2))
+        chunk = bytes(inflate(bio.read(datasize), compression, size))  # (bytes: no copy)
+        got: list[tuple[int, str, bytes | SourceError]] = []
+        for offset, (log_time, conn_id) in entries.items():
+            try:
+                record_conn, raw = _record(chunk, offset)
+                if record_conn not in conns:
+                    raise SourceError(f"the message at {offset} of its chunk is of another topic")
+                got.append((log_time, conns[conn_id].msgtype, raw))
+            except SourceError as exc:
+                got.append((log_time, conns[conn_id].msgtype, exc))
+        chunk = b""  # (its messages are copies)
+        got.sort(key=lambda m: m[0])
+        return got
 
     def metadata(self, name: str) -> dict[str, str] | None:
         return None

@@ -1,7 +1,15 @@
-"""The containers of recorded drives, read: MCAP files (`mcapread`; ROS 2 messages decoded by
-`mcap-ros2-support`, Foxglove's protobuf ones by `mcap-protobuf-support` where installed,
-JSON ones as JSON), ROS 2 bag folders (MCAP storage by `mcapread`, SQLite storage by
-rosbags) and ROS 1 bags (`bagread`), every one under the size limits of `untrusted`.
+"""The containers of recorded drives, read: MCAP files (`mcapread`), ROS 2 bag folders (MCAP
+storage by `mcapread`, SQLite storage by rosbags) and ROS 1 bags (`bagread`), every one under
+the size limits of `untrusted`.
+
+Only image and calibration messages are decoded (`rosimage.IMAGE_TYPES`,
+`CAMERA_INFO_TYPES`), never by a schema that may build far more than the message's bytes:
+CDR by the standard definitions of rosbags' type store (`untrusted.decoder_for`: a message
+that does not fit is one undecodable frame); JSON (Foxglove) once its raw bytes hold at most
+`MAX_JSON_ITEMS` brackets and commas, its stamp within int64; protobuf (Foxglove, by
+`mcap-protobuf-support` where installed) only by a schema without repeated fields of
+strings, bytes or messages (an image's: none at all), a calibration at most
+`MAX_CALIBRATION_BYTES`.
 
 `open_container(path)` gives one with `topics()`, `messages(topic, on_damage)` (log time,
 type name and a call that decodes the message: decoding is left to the caller, so that one
@@ -24,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from drivepercept.errors import ConfigError, DrivePerceptError
+from drivepercept.sources import rosimage
 from drivepercept.sources.bagread import (
     Ros1Bag,
     Sqlite3Bag,
@@ -32,13 +41,27 @@ from drivepercept.sources.bagread import (
 )
 from drivepercept.sources.mcapread import McapFile
 from drivepercept.sources.readers import SourceError
-from drivepercept.sources.untrusted import Topic, file_kind
+from drivepercept.sources.untrusted import (
+    Buffer,
+    Message,
+    MiB,
+    OnDamage,
+    RefusedError,
+    Topic,
+    decoder_for,
+    file_kind,
+    merged_topics,
+    refused,
+)
 
-__all__ = ["Container", "Topic", "open_container"]
+__all__ = ["Container", "Message", "OnDamage", "Topic", "open_container"]
 
 RECORDING = "a recording (an .mcap or .bag file, or a ROS 2 bag folder with a metadata.yaml)"
-OnDamage = Callable[[str, "int | None"], None]
-Message = tuple[int, str, Callable[[], Any]]  # (log time ns, type name, decode)
+DECODED = rosimage.IMAGE_TYPES | rosimage.CAMERA_INFO_TYPES
+# '[', '{' and ',' in a JSON message: a Foxglove image holds about 10, a calibration 50;
+# json.loads builds an object of ~60 bytes for each 3-byte `{},` (a 257 MiB message: 6 GB)
+MAX_JSON_ITEMS = 10_000
+MAX_CALIBRATION_BYTES = MiB  # a protobuf calibration: about 500 bytes in a real one
 
 
 class Container(Protocol):
@@ -58,39 +81,86 @@ class Container(Protocol):
 # ------------------------------------------------------------------ MCAP decoding
 
 
-class _JsonDecoders:
-    """mcap decoder factory for JSON-encoded channels (Foxglove's JSON schemas)."""
-
-    def decoder_for(self, message_encoding: str, schema: Any) -> Callable[[bytes], Any] | None:
-        return json.loads if message_encoding == "json" else None
-
-
-class _StandardCdrDecoders:
-    """CDR messages of the standard types (images, calibration) whose schema
-    `mcap-ros2-support` does not read (an IDL schema), by rosbags' type store."""
-
-    def decoder_for(self, message_encoding: str, schema: Any) -> Callable[[bytes], Any] | None:
-        from drivepercept.recording.messages import typestore
-
-        store = typestore()
-        if message_encoding != "cdr" or schema is None or schema.name not in store.fielddefs:
-            return None
-        return functools.partial(store.deserialize_cdr, typename=schema.name)
+def _json(data: Buffer) -> Any:
+    """A JSON message, its raw bytes checked first (see the module's docstring)."""
+    raw = bytes(data)
+    items = raw.count(b"[") + raw.count(b"{") + raw.count(b",")
+    if items > MAX_JSON_ITEMS:
+        raise RefusedError(
+            f"a JSON message of {items} brackets and commas, more than the {MAX_JSON_ITEMS} "
+            "an image or calibration holds"
+        )
+    msg = json.loads(raw)
+    stamp = rosimage.stamp_ns(msg)
+    if not -(2**63) <= stamp < 2**63:
+        raise RefusedError(f"a JSON message stamped {stamp} ns, past what a clock holds")
+    return msg
 
 
-def _mcap_factories() -> list[Any]:
+def _protobuf(schema: Any) -> Callable[[Buffer], Any] | None:
+    """A decoder of Foxglove's protobuf images and calibrations whose schema cannot build far
+    more than the message's bytes (see the module's docstring); None without the package."""
     try:
-        from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
-    except ImportError as exc:
-        raise _missing(exc) from None
-    factories: list[Any] = [Ros2Decoders(), _JsonDecoders(), _StandardCdrDecoders()]
-    try:  # Foxglove's protobuf schemas: optional
-        from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoders
-
-        factories.insert(2, ProtobufDecoders())
+        from mcap_protobuf.decoder import DecoderFactory
     except ImportError:
-        pass
-    return factories
+        return None
+    from google.protobuf.descriptor_pb2 import FileDescriptorSet  # type: ignore[import-untyped]
+
+    found: dict[str, Any] = {}
+
+    def add(prefix: str, types: Any) -> None:
+        for t in types:
+            found[f"{prefix}.{t.name}".lstrip(".")] = t
+            add(f"{prefix}.{t.name}", t.nested_type)
+
+    for file in FileDescriptorSet.FromString(schema.data).file:
+        add(file.package, file.message_type)
+    calibration = schema.name in rosimage.CAMERA_INFO_TYPES
+    why = _repeated(found, schema.name, calibration, set())
+    if why is not None:
+        return functools.partial(refused, f"its schema {schema.name} holds {why}")
+    decode = DecoderFactory().decoder_for("protobuf", schema)
+    if decode is None:
+        return None
+
+    def checked(data: Buffer) -> Any:
+        if calibration and len(data) > MAX_CALIBRATION_BYTES:
+            raise RefusedError(f"a calibration of {len(data)} bytes")
+        return decode(bytes(data))
+
+    return checked
+
+
+def _repeated(found: dict[str, Any], name: str, numbers_ok: bool, seen: set[str]) -> str | None:
+    """A repeated field of protobuf message `name` (or of one it holds) that may build more
+    than its bytes: any (`numbers_ok`: one of strings, bytes or messages); None if none."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
+
+    if name in seen:
+        return None
+    seen.add(name)
+    if name not in found:
+        return f"an unknown message {name[:80]}"
+    objects = (F.TYPE_MESSAGE, F.TYPE_GROUP, F.TYPE_STRING, F.TYPE_BYTES)
+    for f in found[name].field:
+        if f.label == F.LABEL_REPEATED and (not numbers_ok or f.type in objects):
+            return f"a repeated field {f.name}"
+        if f.type == F.TYPE_MESSAGE:
+            why = _repeated(found, f.type_name.lstrip("."), numbers_ok, seen)
+            if why is not None:
+                return why
+    return None
+
+
+def _own_store(schema: Any) -> Any:
+    """rosbags' type store of a `ros2msg` schema's own definitions (an empty one for any
+    other schema: its type is then unknown, and its decode fails)."""
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    store = get_typestore(Stores.EMPTY)
+    if schema is not None and schema.encoding == "ros2msg":
+        store.register(get_types_from_msg(schema.data.decode(), schema.name))
+    return store
 
 
 def _missing(exc: ImportError) -> ConfigError:
@@ -105,12 +175,12 @@ class _Mcap:
     inflated under the message limit first)."""
 
     def __init__(self, path: Path, *, message_compression: str = "") -> None:
-        try:
-            import mcap  # noqa: F401  (the extra is there before anything opens)
+        try:  # (the extra is there before anything opens)
+            import mcap  # noqa: F401
+            import rosbags  # noqa: F401
         except ImportError as exc:
             raise _missing(exc) from None
         self.path = path
-        self.factories = _mcap_factories()
         self._file = McapFile(path)
         self._compression = message_compression
 
@@ -118,7 +188,7 @@ class _Mcap:
         return self._file.topics()
 
     def messages(self, topic: str, on_damage: OnDamage) -> Iterator[Message]:
-        decoders: dict[int, Callable[[bytes], Any]] = {}
+        decoders: dict[int, Callable[[Buffer], Any]] = {}
         for schema, channel, log_time, data in self._file.messages(topic, on_damage):
             decode = decoders.get(channel.id)
             if decode is None:
@@ -130,17 +200,27 @@ class _Mcap:
                 yield log_time, name, functools.partial(decode, data)
             data = b""  # not held while the next message is read (a frame may be 256 MiB)
 
-    def _inflated(self, decode: Callable[[bytes], Any], data: bytes) -> Any:
+    def _inflated(self, decode: Callable[[Buffer], Any], data: bytes) -> Any:
         return decode(inflated_message(data, self._compression))
 
-    def _decoder(self, topic: str, schema: Any, channel: Any) -> Callable[[bytes], Any]:
+    def _decoder(self, topic: str, schema: Any, channel: Any) -> Callable[[Buffer], Any]:
+        """The decode of a channel's messages (see the module's docstring).
+
+        Raises:
+            SourceError: its schema cannot be read, or no decoder reads its encoding.
+        """
         enc, name = channel.message_encoding, schema.name if schema else ""
+        if name not in DECODED:
+            return functools.partial(refused, f"{name or 'no type'} is not an image type")
         try:
-            found = (f.decoder_for(enc, schema) for f in self.factories)
-            decode = next((d for d in found if d is not None), None)
-        except Exception as exc:  # a schema its factory cannot parse
+            if enc == "cdr":
+                return decoder_for(name, ros1=False, own=functools.partial(_own_store, schema))
+            if enc == "json":
+                return _json
+            decode = _protobuf(schema) if enc == "protobuf" else None
+        except Exception as exc:  # a schema that cannot be parsed
             raise SourceError(
-                f"{self.path}: topic {topic}: its schema {name} cannot be read ({exc})"
+                f"{self.path}: topic {topic}: its schema {name} cannot be read ({exc})"[:400]
             ) from None
         if decode is None:
             raise SourceError(
@@ -148,7 +228,7 @@ class _Mcap:
                 "decoder reads"
                 + (" (pip install mcap-protobuf-support)" if enc == "protobuf" else "")
             )
-        return decode  # type: ignore[no-any-return]
+        return decode
 
     def metadata(self, name: str) -> dict[str, str] | None:
         return self._file.metadata(name)
@@ -174,14 +254,8 @@ class _Ros2Mcap:
             raise
 
     def topics(self) -> list[Topic]:
-        out: dict[str, Topic] = {}
-        for file in self._files:
-            for t in file.topics():
-                if (seen := out.get(t.name)) is not None:
-                    count = -1 if t.count < 0 or seen.count < 0 else t.count + seen.count
-                    t = Topic(t.name, seen.msgtype, count)
-                out[t.name] = t
-        return list(out.values())
+        # (each file's counts checked against its own bytes)
+        return merged_topics([t for file in self._files for t in file.topics()])
 
     def messages(self, topic: str, on_damage: OnDamage) -> Iterator[Message]:
         for file in self._files:

@@ -23,7 +23,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from drivepercept.errors import ConfigError, RepeatedWarning
 from drivepercept.geometry import Intrinsics
 from drivepercept.rig import SIMULATED_MODEL, SIMULATOR, CameraConfig, safe_name
 from drivepercept.sources import rosimage
-from drivepercept.sources.containers import Container, open_container
+from drivepercept.sources.containers import Container, Message, open_container
 from drivepercept.sources.mcapread import CutShortError
 from drivepercept.sources.readers import (
     RawFrame,
@@ -208,16 +208,33 @@ class RecordingReader:
         self._skipped_log = RepeatedWarning(log)
         self._last_skip = ""
         self._damage_log = RepeatedWarning(log)
+        self._messages: Iterator[Message] = iter(())
         try:
-            count = next((t.count for t in self._rec.topics() if t.name == topic), None)
-            if count is None:
-                raise SourceError(f"{self.path} has no topic {topic}")
+            count = self._count()
             self._messages = self._rec.messages(topic, self._damaged)
             width, height = self._first_size()
+        except OSError as exc:  # (EIO while a file without a summary is walked)
+            self.close()
+            raise SourceError(f"cannot read {self.path}: {exc.strerror or exc}") from None
         except BaseException:
-            self._rec.close()
+            self.close()
             raise
         self.info = SourceInfo(width, height, self._rate(), count)
+
+    def _count(self) -> int:
+        """The topic's message count (-1: unknown), once it is known to be an image topic."""
+        topics = self._rec.topics()
+        found = next((t for t in topics if t.name == self.topic), None)
+        if found is None or found.msgtype not in rosimage.IMAGE_TYPES:
+            images = ", ".join(t.name for t in topics if t.msgtype in rosimage.IMAGE_TYPES)
+            what = (
+                f"{self.path} has no topic {self.topic}"
+                if found is None
+                else f"{self.path}: topic {self.topic} is {found.msgtype or 'untyped'}, not "
+                "an image topic"
+            )
+            raise SourceError(f"{what} (its image topics: {images or 'none'})")
+        return found.count
 
     def _first_size(self) -> tuple[int, int]:
         """(width, height) of the first frame that decodes; the ones before it (refused or
@@ -306,6 +323,7 @@ class RecordingReader:
         says; at least one, and one when nothing says) are counted undecodable."""
         self.chunks_skipped += 1
         self.undecodable += lost or 1
+        self._last_skip = why[:200]
         said = f"{lost} frames of it" if lost else "its frames unknown, counted as one"
         self._damage_log.warn("%s %s: a %s (%s)", self.path, self.topic, why[:300], said)
 
@@ -351,7 +369,12 @@ class RecordingReader:
         return self._state.status()
 
     def close(self) -> None:
+        """Frees what the reader holds: its frames, and the room its chunk's messages hold
+        in the process (its generator closed: called on the thread that reads it)."""
         self._pending, self._pending_bytes = [], 0
+        close = getattr(self._messages, "close", None)
+        if close is not None:
+            close()
         self._skipped_log.close()
         self._damage_log.close()
         self._rec.close()
