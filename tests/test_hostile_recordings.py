@@ -724,6 +724,38 @@ def test_a_topic_that_is_not_an_image_topic_is_refused_at_open(tmp_path: Path) -
     )
 
 
+@pytest.mark.parametrize("read", ["indexed", "front to back"])
+def test_an_attachment_is_read_in_one_piece_and_checked(tmp_path: Path, read: str) -> None:
+    from mcap.writer import Writer
+
+    from drivepercept.sources import mcapindex
+    from drivepercept.sources.recordings import read_attachment
+
+    # given a drive with a ground truth attachment (its summary whole, or cut off)
+    path = tmp_path / "a.mcap"
+    truth = b'{"images": []}' * 1000
+    with path.open("wb") as f:
+        w = Writer(f)
+        w.start()
+        w.add_attachment(1, 1, "other.bin", "application/octet-stream", b"x")
+        w.add_attachment(1, 1, "ground_truth.json", "application/json", truth)
+        w.finish()  # type: ignore[no-untyped-call]
+    if read != "indexed":
+        with path.open("r+b") as f:
+            index = mcapindex.read_index(f, path.stat().st_size)
+            assert index is not None
+            f.truncate(index.data_end)
+    # then it is found by name; a name it does not hold is None
+    assert read_attachment(path, "ground_truth.json") == truth
+    assert read_attachment(path, "missing.json") is None
+    # and one whose data length lies is not read (nothing allocated for what it claims)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"application/json") + len("application/json")
+    data[at : at + 8] = (2**40).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    assert read_attachment(path, "ground_truth.json") is None
+
+
 def test_a_metadata_yaml_alias_bomb_is_refused_at_once(in_process: Cli, tmp_path: Path) -> None:
     # given a ROS 2 bag whose metadata.yaml is 500 bytes of aliases of aliases (9 levels of
     # 10: 10^9 strings once expanded)

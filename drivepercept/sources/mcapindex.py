@@ -264,6 +264,28 @@ def _disagreement(f: IO[bytes], chunks: dict[int, tuple[Any, str | None]], end: 
     return None
 
 
+def attachment_data(f: IO[bytes], offset: int, length: int, name: str) -> bytes | None:
+    """The data of the attachment record at `offset` (`length` bytes with its opcode and
+    length) if it is one named `name`, read in one piece (the `mcap` parse of a record
+    copies it twice more); None if it is not."""
+    try:
+        f.seek(offset)
+        head = f.read(9 + 16 + 4)  # opcode, length, log and create times, name's length
+        opcode, body = HEAD.unpack_from(head)
+        (n,) = struct.unpack_from("<I", head, 25)
+        if opcode != ATTACHMENT or body != length - 9 or n > 4096 or f.read(n) != name.encode():
+            return None
+        (m,) = struct.unpack("<I", f.read(4))  # its media type's length
+        f.seek(m, 1)
+        (size,) = struct.unpack("<Q", f.read(8))
+        if 16 + 4 + n + 4 + m + 8 + size + 4 != body:  # (and its CRC)
+            return None
+    except struct.error:  # cut short
+        return None
+    data = f.read(size)
+    return data if len(data) == size else None
+
+
 def walk(f: IO[bytes], size: int) -> Iterator[tuple[int, int, int]]:
     """(opcode, body offset, body length) of each record of the data section, front to
     back, up to its DataEnd (or Footer) record.

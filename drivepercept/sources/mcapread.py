@@ -342,27 +342,29 @@ class McapFile:
         from mcap import records as r
 
         listed = self.index.metadata if self.index else ()
-        for body in self._bodies(mx.METADATA, listed, name):
-            record = mx.parse(r.Metadata, body)
-            if record.name == name:
-                return dict(record.metadata)
+        for offset, length in self._places(mx.METADATA, listed, name, mx.MAX_SUMMARY_RECORD):
+            self._f.seek(offset)
+            head = self._f.read(9)
+            if head[0] == mx.METADATA and mx.HEAD.unpack_from(head)[1] == length - 9:
+                record = mx.parse(r.Metadata, self._f.read(length - 9))
+                if record.name == name:
+                    return dict(record.metadata)
         return None
 
     def attachment(self, name: str) -> bytes | None:
-        """The attachment `name`'s bytes (None: the file has none)."""
-        from mcap import records as r
-
+        """The attachment `name`'s bytes (None: the file has none), at most
+        `MAX_MESSAGE_BYTES` (a simulated drive's ground truth)."""
         listed = self.index.attachments if self.index else ()
-        for body in self._bodies(mx.ATTACHMENT, listed, name):
-            record = mx.parse(r.Attachment, body)
-            if record.name == name:
-                return bytes(record.data)
+        for offset, length in self._places(mx.ATTACHMENT, listed, name, MAX_MESSAGE_BYTES):
+            if (data := mx.attachment_data(self._f, offset, length, name)) is not None:
+                return data
         return None
 
-    def _bodies(self, opcode: int, listed: tuple[Any, ...], name: str) -> Iterator[bytes]:
-        """The bodies of the records of `opcode` that may be `name` (found by their index,
-        else in the first `SCAN_RECORDS` records), each at most `MAX_SUMMARY_RECORD` (the
-        `mcap` parse copies a body twice more)."""
+    def _places(
+        self, opcode: int, listed: tuple[Any, ...], name: str, cap: int
+    ) -> list[tuple[int, int]]:
+        """(offset, length) of the records of `opcode` that may be `name`, found by their
+        index, else in the first `SCAN_RECORDS` records; at most `cap` bytes each."""
         if listed:
             places = [(i.offset, i.length) for i in listed if i.name == name]
         else:
@@ -370,14 +372,8 @@ class McapFile:
                 walked = itertools.islice(mx.walk(self._f, self.size), SCAN_RECORDS)
                 places = [(at - 9, n + 9) for op, at, n in walked if op == opcode]
             except CutShortError:
-                return
-        for offset, length in places:
-            if not 0 < offset <= self.size - length or not 9 <= length <= mx.MAX_SUMMARY_RECORD:
-                continue
-            self._f.seek(offset)
-            head = self._f.read(9)
-            if head[0] == opcode and mx.HEAD.unpack_from(head)[1] == length - 9:
-                yield self._f.read(length - 9)
+                return []
+        return [(o, n) for o, n in places if 0 < o <= self.size - n and 9 <= n <= cap]
 
 
 def _reading(length: int, inflated: int, compression: str) -> int:
