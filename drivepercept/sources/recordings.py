@@ -19,6 +19,7 @@ A file cut short (no MCAP footer) gives the frames before the cut, then fails it
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -374,7 +375,9 @@ class RecordingReader:
         self._pending, self._pending_bytes = [], 0
         close = getattr(self._messages, "close", None)
         if close is not None:
-            close()
+            # (running on another thread: its room is given back once it is collected)
+            with contextlib.suppress(ValueError):
+                close()
         self._skipped_log.close()
         self._damage_log.close()
         self._rec.close()
