@@ -75,3 +75,13 @@ def peak_command(peak_file: Path, *args: str) -> list[str]:
 def read_peak(peak_file: Path) -> int:
     """The peak resident bytes a `peak_command` child wrote (the child must have exited)."""
     return int(peak_file.read_text())
+
+
+def cli_peak(folder: Path, *args: str, timeout_s: float = 120.0) -> tuple[int, str, int]:
+    """`drivepercept ARGS` in a child: (exit code, stderr, its peak resident bytes), the peak
+    written to `folder`/peak."""
+    peak = folder / "peak"
+    proc = subprocess.run(
+        peak_command(peak, *args), capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    return proc.returncode, proc.stderr, read_peak(peak)

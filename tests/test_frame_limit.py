@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -543,16 +542,6 @@ def test_a_replayed_drive_refuses_the_huge_messages_and_processes_the_rest(
 # --------------------------------------------------------------------------- live and memory
 
 
-def _cli_peak(tmp_path: Path, *args: str, timeout_s: float = 120.0) -> tuple[int, str, int]:
-    """`drivepercept ARGS` in a child: (exit code, stderr, its peak resident bytes)."""
-    peak = tmp_path / "peak"
-    proc = subprocess.run(
-        children.peak_command(peak, *args),
-        capture_output=True, text=True, timeout=timeout_s, check=False,
-    )  # fmt: skip
-    return proc.returncode, proc.stderr, children.read_peak(peak)
-
-
 def _live_args(url: str, out: Path) -> list[str]:
     return [
         "live", "--model", "drivepercept-tiny", f"--camera=cam={url}", "--out", str(out),
@@ -582,12 +571,12 @@ def test_huge_frames_never_take_the_memory_decoding_them_would(source: str, tmp_
     out = tmp_path / "out"
     if source == "live":
         with hostile_camera("huge_among_good") as camera:
-            code, err, peak = _cli_peak(tmp_path, *_live_args(camera.url, out))
+            code, err, peak = children.cli_peak(tmp_path, *_live_args(camera.url, out))
         name, camera_name = "live", "cam"
     else:
         given = _folder(tmp_path) if source == "folder" else _drive(tmp_path / "drive.mcap")
         args = ["replay", str(given), "--model", "drivepercept-tiny", "--out", str(out)]
-        code, err, peak = _cli_peak(tmp_path, *args, "--name", "r", "--no-progress")
+        code, err, peak = children.cli_peak(tmp_path, *args, "--name", "r", "--no-progress")
         name, camera_name = "r", "images" if source == "folder" else "front"
     # then the run went on (exit 3, counted), and its peak stayed far below one decoded frame
     print(f"{source}: peak RSS {peak / 2**20:.0f} MiB, exit {code}")

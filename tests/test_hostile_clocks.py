@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -186,16 +185,6 @@ def test_windows_are_bounded_and_widened_on_a_long_span() -> None:
 # ------------------------------------------------------------------ a run folder 54 years long
 
 
-def _cli_peak(tmp_path: Path, *args: str, timeout_s: float = 120.0) -> tuple[int, str, int]:
-    """`drivepercept ARGS` in a child: (exit code, stderr, its peak resident bytes)."""
-    peak = tmp_path / "peak"
-    proc = subprocess.run(
-        children.peak_command(peak, *args),
-        capture_output=True, text=True, timeout=timeout_s, check=False,
-    )  # fmt: skip
-    return proc.returncode, proc.stderr, children.read_peak(peak)
-
-
 def _frame(cam: int, frame: int, capture_ns: int) -> FrameResult:
     stamps = [capture_ns + k * 1_000_000 for k in range(11)]
     timing = FrameTiming(
@@ -228,7 +217,7 @@ def test_report_of_a_run_with_one_capture_54_years_off_is_written_in_bounded_mem
     record = {"status": "complete", "command": "replay", "model": {"name": "hand-made"}}
     (run / "run.json").write_text(json.dumps(record))
     # when it is reported
-    code, err, peak = _cli_peak(tmp_path, "report", str(run))
+    code, err, peak = children.cli_peak(tmp_path, "report", str(run))
     # then the report is written, with windows wide enough to cover the span in <= 10,000
     assert code == 0, err
     assert "Traceback" not in err
@@ -263,7 +252,7 @@ def _drive(path: Path, stamps: dict[str, list[int]], *, logged_in_order: bool = 
 
 def _realtime(tmp_path: Path, drive: Path, *flags: str) -> tuple[int, str, int, float]:
     started = time.monotonic()
-    code, err, peak = _cli_peak(
+    code, err, peak = children.cli_peak(
         tmp_path, "replay", str(drive), "--realtime", "--model", "drivepercept-tiny",
         "--weights", "none", "--out", str(tmp_path), "--name", "r", "--no-progress",
         "--report", "json", *flags,
