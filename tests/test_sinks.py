@@ -315,12 +315,14 @@ def test_video_sink_pads_an_odd_frame_size_to_even(tmp_path: Path) -> None:
 
 
 def test_video_sink_mosaic_writes_one_frame_per_camera0_frame(tmp_path: Path) -> None:
-    # given three cameras (a 2x2 grid of 80x46 tiles), camera 0 delivering four frames
+    # given three cameras (a 2x2 grid of 80x46 tiles), camera 0 delivering four frames; camera
+    # 2 finds nothing, so its tile shows its picture (labels fill most of a tile this small)
     out = tmp_path / "videos"
     sink = AnnotatedVideoSink(out, fps=15.0, mosaic=True, cameras=3, tile_size=(80, 46))
     for k in range(4):
         for index, camera in enumerate(("front", "left", "right")):
-            result = _result(camera=camera, camera_index=index, frame_index=k)
+            boxes = 0 if index == 2 else 2
+            result = _result(camera=camera, camera_index=index, frame_index=k, boxes=boxes)
             sink.write_with_image(result, _image(128, 72 + 8 * index, value=60 * index))
     sink.close()
     # then one mosaic.mp4 of four frames, 2 tiles wide and 2 high

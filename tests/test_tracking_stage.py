@@ -116,13 +116,13 @@ def test_the_video_label_names_the_object_else_the_track() -> None:
         track_ids=np.array([5, 6, -1]),
         global_ids=np.array([3, -1, -1]),
     )
-    from drivepercept.sinks.video import _ids
+    from drivepercept.sinks.video_labels import label_texts
 
-    assert _ids(det) == [" #3", " c6", ""]
+    assert label_texts(det) == ["#3 car 0.90", "c6 car 0.80", "car 0.70"]
     plain = Detections(boxes, det.scores, det.labels, DRIVING_CLASSES)
     image = np.zeros((160, 160, 3), np.uint8)
     # the labels drawn differ from an untracked frame's only by the identities
-    assert _ids(plain) == ["", "", ""]
+    assert label_texts(plain) == ["car 0.90", "car 0.80", "car 0.70"]
     assert not np.array_equal(draw_detections(image, det), draw_detections(image, plain))
 
 

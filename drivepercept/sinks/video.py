@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -32,6 +33,7 @@ import numpy as np
 from drivepercept.errors import OutputError
 from drivepercept.sinks._lines import reason
 from drivepercept.sinks.base import ClosingSink
+from drivepercept.sinks.video_labels import Rect, label_texts, place_labels
 from drivepercept.types import Detections, FrameResult, ImageU8
 
 log = logging.getLogger(__name__)
@@ -72,43 +74,114 @@ def _check_image(image_bgr: ImageU8) -> None:
         )
 
 
-def _ids(detections: Detections) -> list[str]:
-    """Each box's identity beside its class: " #12" (its object across the rig, where fusion
-    placed it), " c5" (its track in its camera), or nothing (untracked)."""
-    n = len(detections)
-    tracks = detections.track_ids.tolist() if detections.track_ids is not None else [-1] * n
-    rig = detections.global_ids.tolist() if detections.global_ids is not None else [-1] * n
-    return [
-        f" #{g}" if g >= 0 else f" c{t}" if t >= 0 else "" for g, t in zip(rig, tracks, strict=True)
-    ]
+@dataclass(frozen=True)
+class _Style:
+    """Text and line sizes for an image of a given height."""
+
+    scale: float
+    text_thickness: int
+    line_thickness: int
+
+    @classmethod
+    def for_height(cls, height: int) -> _Style:
+        scale = max(0.35, height / 900.0)
+        return cls(scale, 1 if scale < 0.8 else 2, max(1, round(height / 360.0)))
 
 
-def _label_box(
+def _strip_size(text: str, *, scale: float, thickness: int) -> tuple[int, int, int]:
+    """(width, height) of the filled strip a label of `text` is drawn on, and the text's
+    baseline (pixels its descenders reach below where it is written)."""
+    (text_w, text_h), baseline = cv2.getTextSize(text, _FONT, scale, thickness)
+    return text_w + 3, text_h + baseline + 3, baseline
+
+
+def _draw_label(
     image: ImageU8,
     text: str,
-    origin: tuple[int, int],
+    rect: Rect,
     *,
+    baseline: int,
     color: tuple[int, int, int],
     scale: float,
     thickness: int,
 ) -> None:
-    """Draw `text` on a filled box whose bottom-left corner is `origin` (moved inside if needed)."""
-    (text_w, text_h), baseline = cv2.getTextSize(text, _FONT, scale, thickness)
-    box_h = text_h + baseline + 2
-    x = max(0, origin[0])
-    y = origin[1] if origin[1] - box_h >= 0 else box_h  # no room above: draw it below the top
-    cv2.rectangle(image, (x, y - box_h), (x + text_w + 2, y), color, cv2.FILLED)
+    """Draw `text` on a strip filling `rect` (pixel edges, as `video_labels` places them)."""
+    x1, y1, x2, y2 = rect
+    cv2.rectangle(image, (x1, y1), (x2 - 1, y2 - 1), color, cv2.FILLED)
     ink = (0, 0, 0) if sum(color) > 3 * 140 else (255, 255, 255)
-    cv2.putText(image, text, (x + 1, y - baseline - 1), _FONT, scale, ink, thickness, cv2.LINE_AA)
+    cv2.putText(image, text, (x1 + 1, y2 - baseline - 2), _FONT, scale, ink, thickness, cv2.LINE_AA)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What `draw_detections` draws: per drawn box, in drawing order (largest first)."""
+
+    indices: list[int]  # into the detections
+    boxes: list[Rect]  # pixel edges, clipped to the image
+    texts: list[str]
+    baselines: list[int]
+    labels: list[Rect]
+    header: Rect | None
+    header_baseline: int
+
+
+def _pixel_box(xyxy: list[float], width: int, height: int) -> Rect:
+    """A box's pixel edges clipped to the image, at least one pixel each way."""
+    x1, y1, x2, y2 = xyxy
+    left = math.floor(min(max(x1, 0.0), width))
+    top = math.floor(min(max(y1, 0.0), height))
+    right = max(left + 1, math.ceil(min(max(x2, 0.0), width)))
+    bottom = max(top + 1, math.ceil(min(max(y2, 0.0), height)))
+    return left, top, right, bottom
+
+
+def _layout(detections: Detections, width: int, height: int, header: str, style: _Style) -> _Layout:
+    boxes = detections.xyxy.reshape(-1, 4).astype(np.float64).tolist()
+    drawn = [i for i, box in enumerate(boxes) if all(math.isfinite(v) for v in box)]
+    pixel = {i: _pixel_box(boxes[i], width, height) for i in drawn}
+    # larger first, so small boxes (and, later, every label) are drawn over large boxes' lines
+    drawn.sort(key=lambda i: -(pixel[i][2] - pixel[i][0]) * (pixel[i][3] - pixel[i][1]))
+    all_texts = label_texts(detections)
+    texts = [all_texts[i] for i in drawn]
+    reserved: list[Rect] = []
+    header_rect: Rect | None = None
+    header_baseline = 0
+    if header:
+        header_w, header_h, header_baseline = _strip_size(
+            header, scale=style.scale * 1.2, thickness=style.text_thickness
+        )
+        header_rect = (0, 0, header_w, header_h)
+        reserved.append(header_rect)
+    sizes = [_strip_size(t, scale=style.scale, thickness=style.text_thickness) for t in texts]
+    rects = [pixel[i] for i in drawn]
+    labels = place_labels(rects, [(w, h) for w, h, _ in sizes], (width, height), reserved=reserved)
+    baselines = [b for _, _, b in sizes]
+    return _Layout(drawn, rects, texts, baselines, labels, header_rect, header_baseline)
+
+
+def label_rects(
+    detections: Detections, image_size: tuple[int, int], *, header: str = ""
+) -> list[Rect | None]:
+    """Where `draw_detections` puts each box's label on an image of `image_size` (w, h): a
+    rectangle in pixel edges per box (None for a box it skips)."""
+    width, height = image_size
+    layout = _layout(detections, width, height, header, _Style.for_height(height))
+    rects: list[Rect | None] = [None] * len(detections)
+    for index, rect in zip(layout.indices, layout.labels, strict=True):
+        rects[index] = rect
+    return rects
 
 
 def draw_detections(image_bgr: ImageU8, detections: Detections, *, header: str = "") -> ImageU8:
-    """A copy of `image_bgr` with each box, its "name score" label and a header line drawn on.
+    """A copy of `image_bgr` with each box, its "id name score" label and a header line drawn on.
 
     Boxes are xyxy in the image's pixels (pixel edges, as everywhere in drivepercept); the outline
-    covers the box's edge pixels, the label sits on a filled strip just above the box (inside it
-    when the box touches the top), the header in the top-left corner. Boxes with non-finite
-    coordinates are skipped. Line and text sizes follow the image height.
+    covers the box's edge pixels, largest box first so that smaller ones stay visible on top.
+    Labels are drawn after every box, each on a filled strip placed by
+    `video_labels.place_labels`: above its box where that is free, else inside its top, below
+    it or a little further away, so that no label hides another's id or the header (top-left
+    corner). Boxes with non-finite coordinates are skipped. Line and text sizes follow the
+    image height.
 
     Args:
         image_bgr: (H, W, 3) uint8 BGR image; it is not modified.
@@ -121,44 +194,33 @@ def draw_detections(image_bgr: ImageU8, detections: Detections, *, header: str =
     _check_image(image_bgr)
     out: ImageU8 = image_bgr.copy()
     height, width = out.shape[:2]
-    scale = max(0.35, height / 900.0)
-    text_thickness = 1 if scale < 0.8 else 2
-    line_thickness = max(1, round(height / 360.0))
-    boxes = detections.xyxy.reshape(-1, 4).astype(np.float64)
-    ids = _ids(detections)
-    for (x1, y1, x2, y2), score, label, name, ident in zip(
-        boxes.tolist(),
-        detections.scores.tolist(),
-        detections.labels.tolist(),
-        detections.names,
-        ids,
-        strict=True,
+    style = _Style.for_height(height)
+    layout = _layout(detections, width, height, header, style)
+    labels = detections.labels.tolist()
+    colors = [_PALETTE[int(labels[i]) % len(_PALETTE)] for i in layout.indices]
+    for (left, top, right, bottom), color in zip(layout.boxes, colors, strict=True):
+        cv2.rectangle(out, (left, top), (right - 1, bottom - 1), color, style.line_thickness)
+    for text, rect, baseline, color in zip(
+        layout.texts, layout.labels, layout.baselines, colors, strict=True
     ):
-        if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
-            continue
-        left = math.floor(min(max(x1, 0.0), width))
-        top = math.floor(min(max(y1, 0.0), height))
-        # pixel edges -> the last pixel inside the box
-        right = max(left, math.ceil(min(max(x2, 0.0), width)) - 1)
-        bottom = max(top, math.ceil(min(max(y2, 0.0), height)) - 1)
-        color = _PALETTE[int(label) % len(_PALETTE)]
-        cv2.rectangle(out, (left, top), (right, bottom), color, line_thickness)
-        _label_box(
+        _draw_label(
             out,
-            f"{name}{ident} {score:.2f}",
-            (left, top),
+            text,
+            rect,
+            baseline=baseline,
             color=color,
-            scale=scale,
-            thickness=text_thickness,
+            scale=style.scale,
+            thickness=style.text_thickness,
         )
-    if header:
-        _label_box(
+    if layout.header is not None:
+        _draw_label(
             out,
             header,
-            (0, 0),
+            layout.header,
+            baseline=layout.header_baseline,
             color=(32, 32, 32),
-            scale=scale * 1.2,
-            thickness=text_thickness,
+            scale=style.scale * 1.2,
+            thickness=style.text_thickness,
         )
     return out
 
@@ -190,6 +252,8 @@ def annotated_tile(
         det.scores,
         det.labels,
         det.class_names,
+        track_ids=det.track_ids,
+        global_ids=det.global_ids,
     )
     tile_w, tile_h = size
     tile = np.zeros((tile_h, tile_w, 3), np.uint8)
