@@ -104,7 +104,7 @@ def test_a_camera_pointing_at_the_sky_is_no_traceback(in_process: Cli, tmp_path:
 def test_the_video_label_names_the_object_else_the_track() -> None:
     import numpy as np
 
-    from drivepercept.sinks.video import draw_detections
+    from drivepercept.sinks import draw_detections
     from drivepercept.types import DRIVING_CLASSES, Detections
 
     boxes = np.array([[10, 10, 60, 60], [80, 10, 130, 60], [10, 80, 60, 130]], np.float32)

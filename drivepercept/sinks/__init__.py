@@ -10,11 +10,12 @@ created. Sinks that draw on the original frame also have `write_with_image(resul
 
 from __future__ import annotations
 
+from drivepercept.sinks.annotate import draw_detections
 from drivepercept.sinks.base import ImageSink, LoadSink, Sink
 from drivepercept.sinks.jsonl import DetectionsJsonlSink, frame_record
 from drivepercept.sinks.load import LoadCsvSink, load_csv_columns
 from drivepercept.sinks.timing import FRAMES_CSV_COLUMNS, FrameTimingCsvSink, timing_row
-from drivepercept.sinks.video import MOSAIC_FILE, AnnotatedVideoSink, draw_detections
+from drivepercept.sinks.video import MOSAIC_FILE, AnnotatedVideoSink
 
 __all__ = [
     "FRAMES_CSV_COLUMNS",

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 import cv2
 import numpy as np
 
+from drivepercept.sinks.annotate import annotated_tile
 from drivepercept.sinks.base import ClosingSink
-from drivepercept.sinks.video import annotated_tile
 from drivepercept.types import FrameResult, ImageU8
 
 log = logging.getLogger(__name__)

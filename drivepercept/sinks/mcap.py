@@ -50,8 +50,8 @@ from drivepercept import __version__
 from drivepercept.errors import OutputError
 from drivepercept.recording import messages
 from drivepercept.recording.mcapfile import PROFILE_ROS2, McapOut
+from drivepercept.sinks.annotate import _PALETTE  # one colour per class in video and Foxglove
 from drivepercept.sinks.base import ClosingSink, LoadFace
-from drivepercept.sinks.video import _PALETTE  # one colour per class in video and Foxglove
 from drivepercept.types import FrameResult, ImageU8, LoadSample
 
 JPEG_QUALITY = 90
