@@ -16,6 +16,16 @@ frame that fails (a corrupt JPEG, one refused before decoding, an OpenCV error) 
 of its batch and counted per camera (`failed_by_camera`: the pipeline adds it to the
 camera's undecodable frames); a camera of bad frames logs a few lines, not one a frame.
 
+In time order (replay, `align=True`): a recorded drive's cameras are replayed as fast as they
+decode, and a camera whose decoder started a little late would otherwise stay some frames
+behind the others for the whole run (every batch holding frames 0.2-0.5 s apart, which the
+tracker's rig steps then treat as one instant). So a replay batch waits for every live
+camera's next frame (a camera with none queued is waited for up to `ALIGN_WAIT_S`, then
+left out: a stalled decoder delays the others, but does not stop them), and takes, of the
+waiting frames, those within one frame period of the earliest one by their own times
+(stamp, else pts; `TimeAligner`); the others wait for a later batch. The frames of a batch
+are then less than one frame period apart, as the cameras' own clocks allow.
+
 Just in time: with deferred frames and a second staging slot, the batcher does not take the
 next batch the moment a slot is free (its frames would then age for a whole inference in
 the slot); given `free_at` (when the engine will take its next batch), it waits until that
@@ -26,6 +36,7 @@ engine is.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -40,11 +51,62 @@ import numpy as np
 from drivepercept.buffers import StagingRing
 from drivepercept.errors import RepeatedWarning, one_line
 from drivepercept.queues import CameraQueues, put_until_stopped
-from drivepercept.types import Batch, FrameMeta, ImageU8, QueuedFrame
+from drivepercept.types import Batch, FrameMeta, ImageU8, QueuedFrame, source_time_ns
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.1
+ALIGN_WAIT_S = 1.0  # how long a replay batch waits for a camera that has no frame queued
+# heads farther apart than this are on clocks that do not run together (a recording's
+# cameras stamped by different clocks): that batch takes them all, as without alignment
+ALIGN_MAX_SPAN_NS = 10_000_000_000
+_DEFAULT_PERIOD_NS = 100_000_000  # the tolerance before any camera's frame period is known
+_PERIODS_KEPT = 8  # a camera's period: the median of its latest intervals
+SPREADS_KEPT = 100_000  # batches whose time spread the run's figures are taken over
+
+
+class TimeAligner:
+    """Which cameras' waiting frames make a batch in time order (see the module docstring):
+    those less than one frame period after the earliest waiting frame. The period is the
+    shortest of the cameras' own (the median of each one's latest frame intervals), so one
+    batch never takes two frames' worth of one camera's time. Frames without a time, or
+    heads too far apart to be one clock, are all taken (no alignment is possible)."""
+
+    def __init__(self) -> None:
+        self._last_ns: dict[int, int] = {}
+        self._intervals: dict[int, list[int]] = {}
+
+    def period_ns(self) -> int:
+        """The tolerance now: the shortest camera period seen, else 100 ms."""
+        periods = [sorted(v)[len(v) // 2] for v in self._intervals.values() if v]
+        return min(periods) if periods else _DEFAULT_PERIOD_NS
+
+    def choose(self, heads: dict[int, int | None]) -> list[int]:
+        """Of the cameras with a frame waiting (camera -> that frame's source time), those
+        to take now, in camera order."""
+        cams = sorted(heads)
+        times = [heads[c] for c in cams]
+        if not cams or any(t is None for t in times):
+            chosen = cams
+        else:
+            known = [t for t in times if t is not None]
+            first = min(known)
+            if max(known) - first > ALIGN_MAX_SPAN_NS:
+                chosen = cams
+            else:
+                limit = first + self.period_ns()
+                chosen = [c for c, t in zip(cams, known, strict=True) if t < limit]
+        for cam in chosen:
+            t = heads[cam]
+            if t is None:
+                continue
+            last = self._last_ns.get(cam)
+            if last is not None and 0 < t - last <= ALIGN_MAX_SPAN_NS:
+                kept = self._intervals.setdefault(cam, [])
+                kept.append(t - last)
+                del kept[:-_PERIODS_KEPT]
+            self._last_ns[cam] = t
+        return chosen
 
 
 class Batcher:
@@ -60,8 +122,15 @@ class Batcher:
         stop: threading.Event,
         on_error: Callable[[BaseException], None] | None = None,
         free_at: Callable[[], int] | None = None,
+        align: bool = False,
     ) -> None:
         self.queues = queues
+        self.aligner = TimeAligner() if align else None
+        self._incomplete_since_ns: int | None = None  # align: since when a camera is awaited
+        self._stalled: set[int] = set()  # align: cameras waited out, until they deliver
+        # each batch's spread of its frames' own times (ms), the latest SPREADS_KEPT batches
+        self._spreads_ms: collections.deque[float] = collections.deque(maxlen=SPREADS_KEPT)
+        self._spread_lock = threading.Lock()
         self.free_at = free_at
         self.ring = ring
         self.out = out
@@ -96,9 +165,27 @@ class Batcher:
                 continue
             live = [c for c in range(n) if qs.waiting(c) or not qs.ended(c)]
             if len(waiting) == len(live):
+                self._incomplete_since_ns = None
                 return True
+            now = time.monotonic_ns()
+            if self.aligner is not None:  # replay: wait for the camera, up to ALIGN_WAIT_S
+                missing = {c for c in live if not qs.waiting(c)}
+                self._stalled &= missing  # one that delivered again is waited for again
+                if not missing - self._stalled:
+                    self._incomplete_since_ns = None
+                    return True
+                if self._incomplete_since_ns is None:
+                    self._incomplete_since_ns = now
+                since = self._incomplete_since_ns
+                remaining_ns = since + max(self.timeout_ns, int(ALIGN_WAIT_S * 1e9)) - now
+                if remaining_ns <= 0:  # a stalled decoder: not waited for until it delivers
+                    self._stalled |= missing
+                    self._incomplete_since_ns = None
+                    return True
+                qs.cond.wait(timeout=min(remaining_ns / 1e9, _POLL_S))
+                continue
             oldest = min(qs.oldest_queued_ns(c) or 0 for c in waiting)
-            remaining_ns = oldest + self.timeout_ns - time.monotonic_ns()
+            remaining_ns = oldest + self.timeout_ns - now
             if remaining_ns <= 0:
                 return True
             qs.cond.wait(timeout=min(remaining_ns / 1e9, _POLL_S))
@@ -121,7 +208,11 @@ class Batcher:
                 with qs.cond:
                     n = len(qs.cameras)
                     live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
-                    taken = [qs.take(c) for c in range(n) if qs.waiting(c)]
+                    waiting = [c for c in range(n) if qs.waiting(c)]
+                    if self.aligner is not None:
+                        heads = {c: _head_ns(qs.head(c)) for c in waiting}
+                        waiting = self.aligner.choose(heads)
+                    taken = [qs.take(c) for c in waiting]
                 metas = self._fill(self.ring.arrays[slot], taken)
                 if not metas:  # every frame of it failed to prepare
                     self.ring.release(slot)
@@ -135,6 +226,7 @@ class Batcher:
                 )
                 self.batches += 1
                 self.partial_batches += 0 if batch.complete else 1
+                self._spread(metas)
                 if not put_until_stopped(self.out, batch, self.stop):
                     self.ring.release(slot)
                     return
@@ -148,6 +240,23 @@ class Batcher:
             for warning in self._failed_warning.values():
                 warning.close()
             put_until_stopped(self.out, None, self.stop)
+
+    def _spread(self, metas: list[FrameMeta]) -> None:
+        times = [source_time_ns(m.stamp_ns, m.pts_s) for m in metas]
+        known = [t for t in times if t is not None]
+        if len(known) == len(times):
+            with self._spread_lock:
+                self._spreads_ms.append((max(known) - min(known)) / 1e6)
+
+    def source_spread_ms(self) -> dict[str, float] | None:
+        """p50 / p99 / max of the batches' spreads of their frames' own times (stamp or pts),
+        ms, over the latest `SPREADS_KEPT` batches; None before any batch with times."""
+        with self._spread_lock:
+            spreads = np.array(self._spreads_ms, dtype=np.float64)
+        if not spreads.size:
+            return None
+        p50, p99 = np.percentile(spreads, (50, 99))
+        return {"p50": float(p50), "p99": float(p99), "max": float(spreads.max())}
 
     def _just_in_time(self) -> bool:
         """With deferred frames, wait until the engine is about to be free less the time a
@@ -193,6 +302,10 @@ class Batcher:
             self._failed_warning[index] = RepeatedWarning(log)
         name = self.queues.cameras[index] if index < len(self.queues.cameras) else index
         self._failed_warning[index].warn("camera %s: a frame was left out: %s", name, why)
+
+
+def _head_ns(frame: QueuedFrame | None) -> int | None:
+    return None if frame is None else frame.source_ns
 
 
 def _prepare(frame: QueuedFrame, row: ImageU8) -> FrameMeta | str:

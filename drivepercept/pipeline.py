@@ -137,6 +137,7 @@ class Pipeline:
             stop=self.stop_event,
             on_error=self._fail,
             free_at=lambda: self.engine.free_at_ns(),  # live: batches made just in time
+            align=policy is DropPolicy.BLOCK,  # replay: batches in time order
         )
         self.engine = InferenceEngine(
             detector=detector,
@@ -418,6 +419,7 @@ class Pipeline:
             figures,
             elapsed_s=elapsed_s,
             partial_batches=self.batcher.partial_batches,
+            source_spread_ms=self.batcher.source_spread_ms(),
             interrupted=interrupted,
             threads_not_stopped=not_stopped,
             device=str(self.device),

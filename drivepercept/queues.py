@@ -92,6 +92,11 @@ class CameraQueues:
         q = self._queues[camera]
         return q[0][1] if q else None
 
+    def head(self, camera: int) -> QueuedFrame | None:
+        """The frame a BLOCK `take` would return next, left in place (None if none waits)."""
+        q = self._queues[camera]
+        return q[0][0] if q else None
+
     def take(self, camera: int) -> tuple[QueuedFrame, int]:
         """Next frame of a camera and the time it was queued.
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from drivepercept.batching import Batcher
+from drivepercept.batching import ALIGN_MAX_SPAN_NS, Batcher, TimeAligner
 from drivepercept.buffers import StagingRing
 from drivepercept.queues import CameraQueues
 from drivepercept.types import Batch, DropPolicy, Frame, FrameMeta, Letterbox
@@ -98,3 +98,81 @@ def test_ended_camera_is_not_waited_for() -> None:
     batches = _run_batcher({0: 3, 1: 1}, timeout_ms=5000, n_cams=2, end={0, 1})
     assert time.monotonic() - t0 < 2.0
     assert [b.cameras for b in batches] == [(0, 1), (0,), (0,)]
+
+
+def _timed_frame(camera: int, index: int, pts_s: float) -> Frame:
+    box = Letterbox((8, 8), (8, 8), 1.0, 1.0, 0.0, 0.0)
+    now = time.monotonic_ns()
+    meta = FrameMeta(f"c{camera}", camera, index, pts_s, now, now, now, box)
+    return Frame(meta, np.full((8, 8, 3), 10 * camera + index, np.uint8))
+
+
+def test_time_aligner_takes_one_frame_period_from_the_earliest() -> None:
+    aligner = TimeAligner()
+    ms = 1_000_000
+    assert aligner.choose({0: 0, 1: 0, 2: 0}) == [0, 1, 2]
+    # camera 2 is 4 frames (of 66.7 ms) ahead: it waits while the others catch up
+    for k in range(1, 5):
+        assert aligner.choose({0: k * 66 * ms, 1: k * 66 * ms + 5 * ms, 2: 5 * 66 * ms}) == [0, 1]
+    assert aligner.choose({0: 330 * ms, 1: 335 * ms, 2: 330 * ms}) == [0, 1, 2]
+    assert aligner.period_ns() == 66 * ms
+    # a frame without a time, or clocks farther apart than ALIGN_MAX_SPAN_NS: all taken
+    assert aligner.choose({0: None, 1: 400 * ms}) == [0, 1]
+    assert aligner.choose({0: 400 * ms, 1: 400 * ms + ALIGN_MAX_SPAN_NS + 1}) == [0, 1]
+
+
+def test_replay_batches_frames_of_one_instant_whatever_order_they_arrive_in() -> None:
+    """Camera 1's decoder is 3 frames ahead of camera 0's when batching starts (what made
+    a replay's batches hold frames 0.2-0.5 s apart): aligned batches pair frame k with k."""
+    stop = threading.Event()
+    qs = CameraQueues(["c0", "c1"], capacity=8, policy=DropPolicy.BLOCK)
+    ring = StagingRing(slots=4, max_batch=2, height=8, width=8, pin_memory=False)
+    out: queue.Queue[Batch | None] = queue.Queue(maxsize=4)
+    batcher = Batcher(queues=qs, ring=ring, out=out, timeout_ms=5, stop=stop, align=True)
+    period = 1 / 15
+    for k in range(3):
+        qs.put(1, _timed_frame(1, k, k * period), stop=stop)
+    batcher.start()
+    time.sleep(0.1)  # far past the 5 ms timeout: a replay waits for camera 0 all the same
+    for k in range(6):
+        qs.put(0, _timed_frame(0, k, k * period), stop=stop)
+        if k + 3 < 6:
+            qs.put(1, _timed_frame(1, k + 3, (k + 3) * period), stop=stop)
+    qs.end(0)
+    qs.end(1)
+    pairs = []
+    while (item := out.get(timeout=5)) is not None:
+        rows = ring.arrays[item.slot]
+        for row, meta in enumerate(item.frames):
+            assert rows[row, 0, 0, 0] == 10 * meta.camera_index + meta.frame_index
+        pairs.append(sorted((m.camera_index, m.frame_index) for m in item.frames))
+        ring.release(item.slot)
+    batcher.thread.join(timeout=2)
+    assert pairs == [[(0, k), (1, k)] for k in range(6)]
+    spread = batcher.source_spread_ms()
+    assert spread is not None and spread["max"] == 0.0
+
+
+def test_replay_leaves_a_stalled_camera_out_after_the_align_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("drivepercept.batching.ALIGN_WAIT_S", 1.0)
+    stop = threading.Event()
+    qs = CameraQueues(["c0", "c1"], capacity=8, policy=DropPolicy.BLOCK)
+    ring = StagingRing(slots=4, max_batch=2, height=8, width=8, pin_memory=False)
+    out: queue.Queue[Batch | None] = queue.Queue(maxsize=4)
+    batcher = Batcher(queues=qs, ring=ring, out=out, timeout_ms=5, stop=stop, align=True)
+    for k in range(3):
+        qs.put(0, _timed_frame(0, k, k / 15), stop=stop)
+    t0 = time.monotonic()
+    batcher.start()
+    first = out.get(timeout=5)
+    waited = time.monotonic() - t0
+    assert first is not None and first.cameras == (0,) and waited >= 0.95
+    ring.release(first.slot)
+    second = out.get(timeout=5)  # camera 1 is not waited for again until it delivers
+    assert second is not None and second.cameras == (0,)
+    assert time.monotonic() - t0 < waited + 0.8  # not a second wait of 1 s
+    ring.release(second.slot)
+    stop.set()
+    batcher.thread.join(timeout=2)

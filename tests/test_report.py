@@ -173,6 +173,8 @@ def test_summary_of_a_hand_made_run_matches_hand_computed_values(tmp_path: Path)
     # spreads: 4, 0, 4, 0 ms
     assert b["capture_spread_ms"]["max_ms"] == 4.0
     assert b["capture_spread_ms"]["p50_ms"] == 2.0
+    # the frames' own times (pts frame / 10 s): each batch shows one instant
+    assert (b["source_spread_ms"]["count"], b["source_spread_ms"]["max_ms"]) == (4, 0.0)
     load = s["load"]
     assert load["samples"] == 4 and load["gpu_unavailable"] is None
     (gpu,) = load["gpus"]

@@ -28,6 +28,7 @@ from drivepercept.telemetry import (
     latency_stats,
     rate_fps,
     recent_window,
+    source_spread_ms,
     throttle_names,
     windowed_rate,
 )
@@ -187,6 +188,13 @@ def test_capture_spread_per_batch() -> None:
     # batch 0: 1..3 ms, batch 1: 10..12 ms, batch 2: one frame
     assert spread.tolist() == [2.0, 2.0, 0.0]
     assert capture_spread_ms([], []).size == 0
+
+
+def test_source_spread_per_batch_leaves_out_batches_without_times() -> None:
+    spread = source_spread_ms([0, 0, 1, 1, 2, 2], [1.0, 1.25, 2.0, 2.0, 3.0, float("nan")])
+    assert spread.tolist() == [250.0, 0.0]  # batch 2 has a frame with no time
+    assert source_spread_ms([], []).size == 0
+    assert source_spread_ms([0], [float("nan")]).size == 0
 
 
 def test_recent_window() -> None:

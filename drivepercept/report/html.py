@@ -191,6 +191,14 @@ def batches_section(summary: dict[str, Any]) -> str:
             Markup(" / ".join(fmt(spread[k], 2) for k in ("p50_ms", "p95_ms", "max_ms"))),
         ],
     ]
+    source = b.get("source_spread_ms")
+    if source:
+        rows.append(
+            [
+                "frame-time spread p50 / p99 / max ms",
+                Markup(" / ".join(fmt(source[k], 2) for k in ("p50_ms", "p99_ms", "max_ms"))),
+            ]
+        )
     return table(["figure", "value"], rows) + image(
         plots.batch_fill_plot(b["size_counts"], b["cameras"]), "batch fill"
     )

@@ -148,6 +148,7 @@ def read_frames_csv(path: Path, problems: _Problems, cameras: list[str]) -> Time
     col = {c: i for i, c in enumerate(header)}
     stamp_cols = [s for s in STAMPS if f"{s}_ns" in col]
     ints: dict[str, list[int]] = {c: [] for c in (*_INT_COLUMNS, *stamp_cols)}
+    pts: list[float] | None = [] if "pts_s" in col else None
     names_by_index: dict[int, str] = dict(enumerate(cameras))
     for lineno, line in enumerate(lines[1:], start=2):
         # one line at a time: a stray quote must not swallow the lines after it
@@ -164,6 +165,7 @@ def read_frames_csv(path: Path, problems: _Problems, cameras: list[str]) -> Time
             values = {c: int(row[col[c]]) if c in col else 0 for c in _INT_COLUMNS} | {
                 s: int(row[col[f"{s}_ns"]]) for s in stamp_cols
             }
+            pts_s = float(row[col["pts_s"]]) if pts is not None else math.nan
         except ValueError as exc:
             problems.add(f"{name} line {lineno}: {exc}; skipped", file=name)
             continue
@@ -181,6 +183,8 @@ def read_frames_csv(path: Path, problems: _Problems, cameras: list[str]) -> Time
             continue
         for c, v in values.items():
             ints[c].append(v)
+        if pts is not None:
+            pts.append(pts_s)
     count = max(names_by_index, default=-1) + 1
     names = tuple(names_by_index.get(i, f"camera{i}") for i in range(count))
     arrays = {c: np.asarray(v, dtype=np.int64) for c, v in ints.items()}
@@ -193,6 +197,7 @@ def read_frames_csv(path: Path, problems: _Problems, cameras: list[str]) -> Time
         batch_size=arrays["batch_size"],
         detections=arrays["detections"],
         stamps=stamps,
+        source_s=None if pts is None else np.asarray(pts, dtype=np.float64),
     )
 
 

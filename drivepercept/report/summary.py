@@ -25,7 +25,9 @@ frames/s, null where there is nothing to measure):
 - throughput: {window_s, start_s[], total_fps[], cameras: {name: fps[]}} per window of
   emission time;
 - batches: {count, cameras, mean_size, full_share, size_counts, capture_spread_ms (latency
-  stats of the latest minus earliest capture in each batch)};
+  stats of the latest minus earliest capture in each batch), source_spread_ms (the same of
+  the frames' own times, stamp or pts: how far apart the instants of one batch are; null
+  for a frames.csv without pts_s)};
 - load: {samples, rate_hz, gpu_unavailable (reason or null), process_cpu_pct, system_cpu_pct,
   process_rss_mb, gpus: [{index, name, util_pct, mem_util_pct, mem_used_mb, power_w,
   temperature_c, sm_clock_mhz, throttle_reasons_seen}]}; each figure {mean, max}.
@@ -55,6 +57,7 @@ from drivepercept.telemetry.stats import (
     frame_index_gaps,
     latency_stats,
     rate_fps,
+    source_spread_ms,
     window_width_s,
     windowed_rate,
 )
@@ -263,6 +266,11 @@ def build_summary(
             "capture_spread_ms": latency_stats(
                 capture_spread_ms(tl.batch_index, tl.stamps["capture"])
             ).as_dict(),
+            "source_spread_ms": (
+                latency_stats(source_spread_ms(tl.batch_index, tl.source_s)).as_dict()
+                if tl.source_s is not None
+                else None
+            ),
         },
         "load": load_summary(data.load, run.telemetry),
         "tracking": run.tracking.to_json() if run.tracking is not None else None,

@@ -17,7 +17,9 @@ Sections (each a JSON object; `drivepercept.rundir.RunRecord` fixes the top leve
   camera frames, dropped, fps, frames_missing_from_source, discarded_at_stop, frames_read,
   frames_decoded, frames_prepared (live decodes and prepares only the frames it uses, where
   the source allows), end_to_end_ms
-  {p50, p95, p99, max};
+  {p50, p95, p99, max}; source_spread_ms {p50, p99, max}: how far apart in their own times
+  (stamp or pts) the frames of one batch were, which a rig step takes as one instant
+  (null without frame times);
 - live (live and real-time runs): per camera source, state, connects, failed_attempts,
   last_error,
   downtime_s, outage_s, frames_received, arrival_fps, frames_lost_estimate (outage x the
@@ -114,6 +116,11 @@ def stats_summary(stats: RunStats) -> SummaryRecord:
         failed_batches=stats.failed_batches,
         failed_frames=stats.failed_frames,
         batch_error=stats.batch_error,
+        source_spread_ms=(
+            None
+            if stats.source_spread_ms is None
+            else {k: round(v, 3) for k, v in stats.source_spread_ms.items()}
+        ),
         cameras={
             c.name: CameraSummaryRecord(
                 frames=c.frames,

@@ -184,6 +184,8 @@ class SummaryRecord(Section):
     failed_frames: int = 0
     batch_error: str | None = None
     cameras: dict[str, CameraSummaryRecord] = field(default_factory=dict)
+    # p50 / p99 / max ms of the batches' spreads of their frames' own times (stamp or pts)
+    source_spread_ms: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,14 @@ import cv2
 from drivepercept.errors import RepeatedWarning, one_line, redact
 from drivepercept.sources.prepare import prepare, prepare_into
 from drivepercept.sources.readers import CorruptFrameError, FrameReader, RawFrame
-from drivepercept.types import Frame, FrameMeta, ImageU8, InputSpec, QueuedFrame
+from drivepercept.types import (
+    Frame,
+    FrameMeta,
+    ImageU8,
+    InputSpec,
+    QueuedFrame,
+    source_time_ns,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +84,11 @@ class DeferredFrame:
     keep_original: bool
     counts: FrameCounts = field(repr=False)
     deferred = True
+
+    @property
+    def source_ns(self) -> int | None:
+        """Its time on its source's clock (stamp, else pts; None without a finite one)."""
+        return source_time_ns(self.raw.stamp_ns, self.raw.pts_s)
 
     def into(self, row: ImageU8) -> FrameMeta:
         """Decode (if still encoded) and prepare into `row`; the frame's meta. Its decode

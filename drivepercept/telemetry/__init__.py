@@ -28,6 +28,7 @@ from drivepercept.telemetry.stats import (
     latency_stats,
     rate_fps,
     recent_window,
+    source_spread_ms,
     window_width_s,
     windowed_rate,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "latency_stats",
     "rate_fps",
     "recent_window",
+    "source_spread_ms",
     "throttle_names",
     "window_width_s",
     "windowed_rate",

@@ -58,6 +58,8 @@ class RunStats:
     failed_batches: int = 0  # batches the model raised on: set aside, their frames unanswered
     failed_frames: int = 0
     batch_error: str | None = None  # the last such error, one line
+    # p50 / p99 / max ms of the batches' spreads of their frames' own times (stamp or pts)
+    source_spread_ms: dict[str, float] | None = None
 
     @property
     def throughput_fps(self) -> float:

@@ -218,6 +218,28 @@ def capture_spread_ms(
     return np.asarray((cap[ends] - cap[starts]) / 1e6, dtype=np.float64)
 
 
+def source_spread_ms(
+    batch_index: IntArray | Sequence[int], source_s: FloatArray | Sequence[float]
+) -> FloatArray:
+    """Per batch (in batch-index order): latest minus earliest of its frames' own times
+    (stamp or pts, seconds), ms: how far apart the instants a batch's frames show are, which
+    a rig step treats as one. Batches with a frame of no finite time are left out."""
+    idx = np.asarray(batch_index, dtype=np.int64)
+    t = np.asarray(source_s, dtype=np.float64)
+    if idx.size == 0:
+        return np.zeros(0)
+    bad = np.unique(idx[~np.isfinite(t)])
+    keep = ~np.isin(idx, bad)
+    idx, t = idx[keep], t[keep]
+    if idx.size == 0:
+        return np.zeros(0)
+    order = np.lexsort((t, idx))
+    idx, t = idx[order], t[order]
+    starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+    ends = np.r_[starts[1:], idx.size] - 1
+    return np.asarray((t[ends] - t[starts]) * 1e3, dtype=np.float64)
+
+
 def recent_window(
     emitted_and_latency: Sequence[tuple[int, float]], *, now_ns: int, window_s: float
 ) -> tuple[float, float]:

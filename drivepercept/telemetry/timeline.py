@@ -59,11 +59,15 @@ class Timeline:
     batch_size: IntArray
     detections: IntArray
     stamps: Mapping[str, IntArray] = field(repr=False)
+    # each frame's time on its source's clock, seconds (frames.csv's pts_s: a recording's
+    # stamp where it has one); None where the file has no such column
+    source_s: FloatArray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = self.camera_index.shape[0]
-        for name in ("frame_index", "batch_index", "batch_size", "detections"):
-            got = getattr(self, name).shape
+        for name in ("frame_index", "batch_index", "batch_size", "detections", "source_s"):
+            column = getattr(self, name)
+            got = (n,) if column is None else column.shape
             if got != (n,):
                 raise ValueError(f"Timeline.{name}: expected shape ({n},), got {got}")
         missing = set(STAMPS) - set(self.stamps)
@@ -108,6 +112,7 @@ class Timeline:
             batch_size=self.batch_size[mask],
             detections=self.detections[mask],
             stamps={k: v[mask] for k, v in self.stamps.items()},
+            source_s=None if self.source_s is None else self.source_s[mask],
         )
 
     @property

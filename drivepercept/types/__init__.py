@@ -7,6 +7,7 @@ One box convention, written once: `xyxy` in pixels of the original camera frame,
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -165,6 +166,19 @@ class FrameMeta:
     stamp_ns: int | None = None
 
 
+_MAX_SOURCE_S = 9.2e9  # seconds that still fit in int64 ns (292 years)
+
+
+def source_time_ns(stamp_ns: int | None, pts_s: float) -> int | None:
+    """A frame's time on its source's clock in ns: its stamp where it has one, else its pts;
+    None where the pts is not a finite number a clock could hold."""
+    if stamp_ns is not None:
+        return stamp_ns
+    if not (math.isfinite(pts_s) and abs(pts_s) < _MAX_SOURCE_S):
+        return None
+    return round(pts_s * 1e9)
+
+
 class _CarriesMeta:
     """Shortcuts to the `FrameMeta` that a frame or a result carries."""
 
@@ -216,6 +230,12 @@ class Frame(_CarriesMeta):
 
     deferred = False  # prepared already: `into` only copies
 
+    @property
+    def source_ns(self) -> int | None:
+        """The frame's time on its source's clock (its stamp, else its pts), None where it
+        has neither (a pts that is not a finite number)."""
+        return source_time_ns(self.meta.stamp_ns, self.meta.pts_s)
+
     def into(self, row: ImageU8) -> FrameMeta:
         """Copy the prepared image into a staging row; the frame's meta."""
         np.copyto(row, self.image)
@@ -240,6 +260,12 @@ class QueuedFrame(Protocol):
 
     @property
     def camera_index(self) -> int: ...
+
+    @property
+    def source_ns(self) -> int | None:
+        """Its time on its source's clock (stamp, else pts), None when it has none: what
+        a replay's batches are aligned by."""
+        ...
 
     def into(self, row: ImageU8) -> FrameMeta: ...
 
