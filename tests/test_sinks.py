@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import cv2
@@ -22,6 +23,7 @@ from drivepercept.sinks import (
     Sink,
     draw_detections,
 )
+from drivepercept.sinks.annotate import annotated_tile
 from drivepercept.types import (
     STAMPS,
     Detections,
@@ -335,6 +337,29 @@ def test_video_sink_mosaic_writes_one_frame_per_camera0_frame(tmp_path: Path) ->
     last = frames[-1].astype(int)
     assert last[46 + 8 :, 80 + 8 :].max() < 20
     assert abs(np.median(last[46 + 20 : 92 - 5, 20:60]) - 120) < 12  # camera 2 (value 120)
+
+
+def test_a_mosaic_tile_shows_the_track_and_object_ids() -> None:
+    # given one frame's boxes with ids, and the same boxes without
+    result = _result(boxes=2)
+    det = result.detections
+    tracked = replace(
+        result,
+        detections=Detections(
+            det.xyxy,
+            det.scores,
+            det.labels,
+            det.class_names,
+            track_ids=np.array([4, 5]),
+            global_ids=np.array([9, -1]),
+        ),
+    )
+    image = _image(320, 240, value=100)
+    # when both are drawn into a tile
+    plain = annotated_tile(result, image, (160, 120))
+    with_ids = annotated_tile(tracked, image, (160, 120))
+    # then the tile shows the ids (annotated_tile used to drop them when it scaled the boxes)
+    assert not np.array_equal(plain, with_ids)
 
 
 def test_video_mosaic_needs_a_camera_count() -> None:

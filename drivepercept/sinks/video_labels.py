@@ -66,8 +66,9 @@ def _candidate_tops(box: Rect, label_h: int, image_h: int, max_nudges: int) -> l
     step = max(1, label_h)
     for k in range(1, max_nudges + 1):  # up, down, further up, further down, ...
         offset = step * ((k + 1) // 2) * (-1 if k % 2 else 1)
-        tops.append(_clamp(base + offset, 0, lowest))
-    return list(dict.fromkeys(tops))  # in order, without repeats
+        tops.append(base + offset)
+    # in order, without repeats; inside the image even for a box that is not
+    return list(dict.fromkeys(_clamp(t, 0, lowest) for t in tops))
 
 
 def place_labels(
