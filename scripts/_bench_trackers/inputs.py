@@ -19,6 +19,7 @@ from drivepercept.eval import EvalThresholds
 from drivepercept.eval.tracking import _frames, _step  # the scorer's own view of a run
 from drivepercept.rig import load_rig
 from drivepercept.run.groundtruth import read_ground_truth
+from drivepercept.rundir import RunDir
 
 Line = dict[str, Any]  # one detections.jsonl line
 
@@ -96,16 +97,17 @@ def read_run(path: str | Path) -> Run:
         ConfigError: no detections.jsonl, or its lines carry no track ids.
     """
     path = Path(path)
-    detections = path / "detections.jsonl"
+    folder = RunDir(path)
+    detections = folder.detections_jsonl
     if not detections.is_file():
-        raise ConfigError(f"expected a run folder with detections.jsonl, got {path}")
+        raise ConfigError(f"expected a run folder with {detections.name}, got {path}")
     lines = _jsonl(detections)
     if not any("track_ids" in line for line in lines):
         raise ConfigError(f"{detections} has no track_ids: make the run with eval --track")
-    objects = _jsonl(path / "objects.jsonl") if (path / "objects.jsonl").is_file() else []
+    objects = _jsonl(folder.objects_jsonl) if folder.objects_jsonl.is_file() else []
     thresholds = EvalThresholds()
-    if (path / "eval.json").is_file():
-        saved = json.loads((path / "eval.json").read_text(encoding="utf-8")).get("thresholds")
+    if folder.eval_json.is_file():
+        saved = json.loads(folder.eval_json.read_text(encoding="utf-8")).get("thresholds")
         if isinstance(saved, Mapping):
             thresholds = EvalThresholds(**saved)
     return Run(path, path.name, lines, objects, thresholds)
