@@ -11,8 +11,10 @@ detections.jsonl is tracked again by every tracker and scored with
 * ours, CameraTracker re-run: our per-camera tracker (`CameraTracker`, today's default
   `TrackParams`) run here on the run's boxes, each camera alone: timed like the peers, and
   a check that today's code gives the run's ids (the run does not record its settings).
-* ours re-tracked (--retrack): `drivepercept.eval.retrack.retrack(rig.toml, lines,
-  spread_frames=0)` where that module exists (a line saying so where it does not).
+* ours re-tracked (--retrack): `retrack(rig.toml, lines, spread_frames=0)` of
+  `drivepercept.run.retrack` (or `drivepercept.eval.retrack`), the run's boxes through the
+  whole tracking stage again, global ids included, where that module exists (a line saying
+  so where it does not).
 * the peers, on the same boxes: each camera alone, frames in frame_index order, every box of
   the line (all scores, before any tracking) handed to Roboflow `trackers` (SORT, ByteTrack,
   OC-SORT, BoT-SORT, C-BIoU; Apache-2.0) and supervision's `sv.ByteTrack` as

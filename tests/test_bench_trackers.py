@@ -7,6 +7,7 @@ venv, see the script's docstring); those tests skip elsewhere."""
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -340,9 +341,11 @@ def test_retrack_lines_are_scored_as_it_returns_them(monkeypatch: pytest.MonkeyP
         fixed = [runs.relabelled(ln, [1 if t == 3 else t for t in ln["track_ids"]]) for ln in lines]
         return fixed, []
 
-    module = types.ModuleType(runs.RETRACK_MODULE)
+    module = types.ModuleType("stand_in_retrack")
+    module.__spec__ = importlib.machinery.ModuleSpec("stand_in_retrack", None)
     module.retrack = retrack  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, runs.RETRACK_MODULE, module)
+    monkeypatch.setitem(sys.modules, "stand_in_retrack", module)
+    monkeypatch.setattr(runs, "RETRACK_MODULES", ("stand_in_retrack",))
     tracked = runs.run_retrack(drive, run.lines)
     row = report.score(tracked, drive, run, short_gap_s=1.0, high_score=0.5)
     assert seen == {"rig": drive.rig_toml, "spread": 0}

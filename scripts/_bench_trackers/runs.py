@@ -1,6 +1,6 @@
 """Trackers run on a run's boxes, each camera alone, frames in order: the peers (Roboflow
 `trackers`, supervision's `sv.ByteTrack`), our own `CameraTracker` again, and the
-re-tracking of `drivepercept.eval.retrack` where it exists. Each gives detection lines with
+re-tracking of `drivepercept.run.retrack` where it exists. Each gives detection lines with
 its `track_ids` (and, ours, `global_ids`), scored like the run's own."""
 
 from __future__ import annotations
@@ -380,22 +380,33 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
     )
 
 
-RETRACK_MODULE = "drivepercept.eval.retrack"
+RETRACK_MODULES = ("drivepercept.run.retrack", "drivepercept.eval.retrack")  # first found
+
+
+def retrack_module() -> str | None:
+    """The module that has `retrack` in this checkout (None: neither has)."""
+    for name in RETRACK_MODULES:
+        with contextlib.suppress(ModuleNotFoundError):
+            if importlib.util.find_spec(name) is not None:
+                return name
+    return None
 
 
 def retrack_missing() -> str | None:
     """Why ours re-tracked cannot run (None: it can)."""
-    with contextlib.suppress(ModuleNotFoundError):
-        if importlib.util.find_spec(RETRACK_MODULE) is not None:
-            return None
-    return f"{RETRACK_MODULE} does not exist in this checkout"
+    if retrack_module() is None:
+        return f"none of {', '.join(RETRACK_MODULES)} exists in this checkout"
+    return None
 
 
 def run_retrack(drive: Drive, lines: Sequence[Line]) -> Tracked:
     """`retrack(rig.toml, lines, spread_frames=0)`: the run's boxes tracked again, offline,
-    with global ids and placed objects (its result: (lines, objects), or an object with
-    `detections` and `objects`)."""
-    retrack = importlib.import_module(RETRACK_MODULE).retrack
+    with global ids and placed objects (its result: an object with `detections` and
+    `objects`, or a (lines, objects) pair)."""
+    name = retrack_module()
+    if name is None:
+        raise ValueError(str(retrack_missing()))
+    retrack = importlib.import_module(name).retrack
     t0 = time.perf_counter_ns()
     result = retrack(drive.rig_toml, [dict(line) for line in lines], spread_frames=0)
     total_ns = time.perf_counter_ns() - t0
@@ -405,8 +416,8 @@ def run_retrack(drive: Drive, lines: Sequence[Line]) -> Tracked:
         name="ours re-tracked",
         lines=new_lines,
         objects=objects,
-        settings={"spread_frames": 0},
-        notes=("whole run at once; time per frame is its total over the camera frames",),
+        settings={"retrack": f"{name}.retrack", "spread_frames": 0},
+        notes=("the whole rig at once; time per frame is its total over the camera frames",),
         frame_ns=(per_frame,) * len(lines),
     )
 
