@@ -149,19 +149,18 @@ class Pipeline:
             stop=self.stop_event,
             max_batch=len(cameras),
             on_error=self._fail,
+            on_end=lambda: self._emit(None),
         )
         self.load_sinks = list(load_sinks)
-        self.sampler = (
-            LoadSampler(
+        self.sampler: LoadSampler | None = None
+        if config.sample_hz > 0:
+            self.sampler = LoadSampler(
                 rate_hz=config.sample_hz,
                 gpus=gpu_refs(self.device),
                 stop=self.stop_event,
                 on_sample=self._on_load_sample,
                 on_error=self._fail,
             )
-            if config.sample_hz > 0
-            else None
-        )
         self.counters = RunCounters(self.names)
         self._started = False
         self._drain_started = 0.0
@@ -170,13 +169,9 @@ class Pipeline:
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:
+        decoders = tuple(d.thread for d in self.decoders)
         sampler = (self.sampler.thread,) if self.sampler is not None else ()
-        return (
-            *(d.thread for d in self.decoders),
-            self.batcher.thread,
-            *self.engine.threads,
-            *sampler,
-        )
+        return (*decoders, self.batcher.thread, *self.engine.threads, *sampler)
 
     def add_load_sink(self, sink: LoadSink) -> None:
         """Add a load-sample writer (before `start`); result writers go to `sinks.add`."""
@@ -195,12 +190,14 @@ class Pipeline:
         log.debug("pipeline stage %s failed", threading.current_thread().name, exc_info=exc)
         self.stop_event.set()
 
-    def _emit(self, results: list[FrameResult]) -> None:
-        """Completion thread: the stage, the sinks, then the counters. A batch the sinks
-        refuse (closing, an essential output failed) is not counted: counts match files."""
-        if self.stage is not None:
-            results = self.stage(results)
-        if self.sinks.dispatch(results):
+    def _emit(self, results: list[FrameResult] | None) -> None:
+        """Completion thread: the stage, the sinks, then the counters; None after the last
+        batch, for what the stage still holds (tracking's frames waiting for their rig step,
+        its `flush`). A batch the sinks refuse (closing, an essential output failed) is not
+        counted: counts match files."""
+        if self.stage is not None:  # it may hold frames back, or add earlier ones
+            results = self.stage(results) if results else getattr(self.stage, "flush", list)()
+        if results and self.sinks.dispatch(results):
             self.counters.add(results)
 
     def start(self) -> None:

@@ -45,7 +45,10 @@ def test_track_adds_identities_and_the_rigs_objects(in_process: Cli, tmp_path: P
     assert placed and all(t >= 0 for _, t in placed)
     # and objects.jsonl has a line per rig step whose objects list the boxes behind them
     steps = _lines(run / "objects.jsonl")
-    assert len(steps) == len({f["batch_index"] for f in frames})  # one per batch
+    # one per instant (a replay's rig steps are formed by frame time; its batches too)
+    assert (
+        len(steps) == len({f["pts_s"] for f in frames}) == len({f["batch_index"] for f in frames})
+    )
     objects = [o for s in steps for o in s["objects"]]  # type: ignore[attr-defined]
     assert objects and all(o["boxes"] and -100 < o["x_m"] < 100 for o in objects)
     assert {o["id"] for o in objects} == set(placed.values())
@@ -56,6 +59,8 @@ def test_track_adds_identities_and_the_rigs_objects(in_process: Cli, tmp_path: P
     tracking = record["tracking"]
     assert tracking["placed"] is True and tracking["rig_objects"] == len({o["id"] for o in objects})
     assert sum(c["tracks"] for c in tracking["cameras"].values()) == len(set(ids))
+    assert 0 < tracking["ms_per_frame"] < 1000  # the stage's own time, per camera frame
+    assert record["summary"]["source_spread_ms"]["max"] == 0.0  # batches in time order
     html = (run / "report.html").read_text()
     assert "<h2>Tracking</h2>" in html and "objects across the rig" in html
 

@@ -75,8 +75,10 @@ class InferenceEngine:
         stop: threading.Event,
         max_batch: int,
         on_error: Callable[[BaseException], None] | None = None,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self.detector = detector
+        self.on_end = on_end  # the completion thread's last call (a stage's held results)
         self.config = config
         self.device = device
         self.cuda = device.type == "cuda"
@@ -355,11 +357,13 @@ class InferenceEngine:
                 flight = self._in_flight.get(timeout=_POLL_S)
             except queue.Empty:
                 if self.stop.is_set() and not self._submit.is_alive():
-                    return
+                    break
                 continue
             if flight is None:
-                return
+                break
             self._finish(flight)
+        if self.on_end is not None:  # what it raises is recorded by `_guard`
+            self.on_end()
 
     def _post(self, flight: InFlight) -> int:
         """Filter + NMS + pack on the post-processing stream, copy into the pinned host
@@ -430,18 +434,10 @@ class InferenceEngine:
                 labels=rows[:, 5].astype(np.int64),
                 class_names=names,
             )
-            timing = FrameTiming(
-                capture_ns=meta.capture_ns,
-                decoded_ns=meta.decoded_ns,
-                preprocessed_ns=meta.preprocessed_ns,
-                queued_ns=meta.queued_ns,
-                batched_ns=batch.batched_ns,
-                copy_start_ns=staged.submit_ns,
-                copy_done_ns=copy_done,
-                compute_start_ns=times["compute_start"],
-                inference_done_ns=times["inference_done"],
-                postprocessed_ns=times["postprocessed"],
-                emitted_ns=emitted,
+            timing = FrameTiming(  # in STAMPS order
+                *(meta.capture_ns, meta.decoded_ns, meta.preprocessed_ns, meta.queued_ns),
+                *(batch.batched_ns, staged.submit_ns, copy_done, times["compute_start"]),
+                *(times["inference_done"], times["postprocessed"], emitted),
             )
             results.append(FrameResult(meta, batch.batch_index, batch.size, detections, timing))
         self.emit(results)

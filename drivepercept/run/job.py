@@ -143,10 +143,12 @@ def _video_policy(mode: Mode) -> SinkPolicy:
     return SinkPolicy(slow=True, when_full=when_full)
 
 
-def _tracker(cams: Sequence[CameraConfig]) -> RigTracker:
-    from drivepercept.tracking.stage import RigTracker  # scipy, only when tracking
+def _tracker(cams: Sequence[CameraConfig], mode: Mode) -> RigTracker:
+    from drivepercept.tracking.stage import REPLAY_HOLD_S, RigTracker  # scipy, when tracking
 
-    return RigTracker(cams)
+    # replay: rig steps by frame time, whatever the batches; live: each batch is one step,
+    # nothing waits (its batches take each camera's newest frame: less than a period apart)
+    return RigTracker(cams, hold_s=REPLAY_HOLD_S if mode is Mode.REPLAY else 0.0)
 
 
 def _add_viewer_sinks(
@@ -263,7 +265,7 @@ def run(
     viewer: Sink | None = None
     try:
         det = detector or load_model(options)
-        tracker = _tracker(cams) if options.track else None
+        tracker = _tracker(cams, options.mode) if options.track else None
         pipeline = Pipeline(
             cameras=list(zip(names, readers, strict=True)),
             detector=det,

@@ -235,3 +235,4 @@ class TrackingRecord(Section):
     cameras: dict[str, CameraTracksRecord] = field(default_factory=dict)
     rig_objects: int = 0
     placed: bool = False
+    ms_per_frame: float | None = None  # the tracking stage's own time per camera frame

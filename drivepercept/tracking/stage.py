@@ -12,20 +12,59 @@ back with `track_ids`, `velocities` and `global_ids` in their `Detections`, and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from drivepercept.errors import ConfigError
 from drivepercept.rig import CameraConfig
 from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
 from drivepercept.tracking.fusion import FusionParams, RigFusion
 from drivepercept.tracking.places import Observation, cut_by_side
-from drivepercept.tracking.track_table import CameraBoxes
+from drivepercept.tracking.track_table import CameraBoxes, IntArray
 from drivepercept.types import Detections, FrameResult
 from drivepercept.types.objects import RigStep
+
+MAX_HOLD_S = 10.0
+REPLAY_HOLD_S = 2.0  # a replay's frames wait at most this long (frame time) for their step
+MAX_HELD_FRAMES = 512  # at most this many tracked frames wait for their rig step
+_DEFAULT_PERIOD_S = 0.1  # a rig step's width before any camera's frame interval is known
+_MIN_PERIOD_S = 1e-3  # intervals shorter than this (a repeated stamp) say nothing of the rate
+
+
+def _with_tracks(result: FrameResult, update: TrackUpdate) -> FrameResult:
+    det = result.detections  # built directly: `dataclasses.replace` costs twice as much
+    tracked = Detections(
+        det.xyxy,
+        det.scores,
+        det.labels,
+        det.class_names,
+        track_ids=update.track_ids,
+        velocities=update.velocities.astype(np.float32),
+    )
+    return FrameResult(result.meta, result.batch_index, result.batch_size, tracked, result.timing)
+
+
+def _with_global_ids(result: FrameResult, gids: IntArray, *, emitted_ns: int | None) -> FrameResult:
+    det = result.detections
+    tracked = Detections(
+        det.xyxy,
+        det.scores,
+        det.labels,
+        det.class_names,
+        track_ids=det.track_ids,
+        velocities=det.velocities,
+        global_ids=gids,
+    )
+    timing = result.timing
+    if emitted_ns is not None:  # held past its batch: emitted now, not when detected
+        timing = dataclasses.replace(timing, emitted_ns=emitted_ns)
+    return FrameResult(result.meta, result.batch_index, result.batch_size, tracked, timing)
 
 
 def _timed(result: FrameResult) -> bool:
@@ -49,6 +88,19 @@ class TrackingSummary:
     cameras: dict[str, CameraTracks]
     rig_objects: int
     placed: bool  # whether the rig had geometry to place objects (else per camera only)
+    frames: int = 0  # camera frames tracked
+    ms_per_frame: float = 0.0  # the stage's own time per camera frame
+
+
+@dataclass
+class _Held:
+    """A tracked frame waiting for its rig step (`RigTracker`'s `hold_s`)."""
+
+    t_s: float
+    result: FrameResult
+    ids: IntArray
+    observations: list[Observation]
+    held: bool = False  # returned by a later call than its own
 
 
 class RigTracker:
@@ -58,7 +110,14 @@ class RigTracker:
         cameras: the rig's cameras, in order (their geometry places objects).
         params: the per-camera trackers' settings.
         fusion: the cross-camera join's settings.
-        on_step: receives each batch's objects (only when the rig can place them).
+        on_step: receives each rig step's objects (only when the rig can place them).
+        hold_s: 0 (live): each batch is one rig step, its frames placed at their own
+            times. More (replay): rig steps are formed by time, not by batch: a tracked
+            frame waits until every camera has delivered a frame at least as new (or until
+            it is `hold_s` older than the newest), and the frames released are fused in time
+            order, frames less than one frame period apart and one per camera a step. The
+            objects then do not depend on which frames the batcher happened to put together;
+            with batches in time order nothing waits. `flush` releases what is held.
     """
 
     def __init__(
@@ -68,13 +127,21 @@ class RigTracker:
         params: TrackParams | None = None,
         fusion: FusionParams | None = None,
         on_step: Callable[[RigStep], None] | None = None,
+        hold_s: float = 0.0,
     ) -> None:
+        if not (math.isfinite(hold_s) and 0.0 <= hold_s <= MAX_HOLD_S):
+            raise ConfigError(f"hold_s must be in [0, {MAX_HOLD_S:g}] seconds, got {hold_s!r}")
         self.params = params or TrackParams()
         self._tracker = ByteTracker(self.params)
         self._keys = {c.name: k for k, c in enumerate(cameras)}  # camera name -> tracker key
         self._last_t: dict[str, float] = {}
         self.fusion = RigFusion(cameras, fusion)
         self.on_step = on_step
+        self.hold_s = hold_s
+        self._held: list[_Held] = []
+        self._period: dict[str, float] = {}  # each camera's latest frame interval
+        self.track_ns = 0  # time spent in the stage (tracking, placing, fusing)
+        self.frames = 0
 
     def _time(self, result: FrameResult) -> float:
         """The frame's time in seconds, strictly after its camera's previous frame's (a
@@ -83,6 +150,8 @@ class RigTracker:
         t = result.stamp_ns / 1e9 if _timed(result) else (last or 0.0) + 1e-6
         if last is not None and t <= last:  # a repeated or backwards pts: a tiny step on
             t = last + 1e-6
+        if last is not None and t - last >= _MIN_PERIOD_S:
+            self._period[result.camera] = t - last
         self._last_t[result.camera] = t
         return t
 
@@ -98,6 +167,14 @@ class RigTracker:
         return updates + self._tracker.update(frames[start:])
 
     def __call__(self, results: list[FrameResult]) -> list[FrameResult]:
+        started = time.perf_counter_ns()
+        try:
+            return self._call(results)
+        finally:
+            self.track_ns += time.perf_counter_ns() - started
+            self.frames += len(results)
+
+    def _call(self, results: list[FrameResult]) -> list[FrameResult]:
         frames = [
             CameraBoxes(
                 self._keys.setdefault(r.camera, len(self._keys)),
@@ -109,41 +186,78 @@ class RigTracker:
             for r in results
         ]
         updates = self._track(frames)
-        observations = self._observations(results, frames, updates) if self.fusion.placing else []
-        links: Mapping[tuple[str, int], int] | None = None
-        if self.fusion.placing and results:
-            k = max(range(len(results)), key=lambda i: frames[i].t_s)
-            newest = results[k]
-            links, objects = self.fusion.step(frames[k].t_s, observations)
-            if self.on_step is not None:
-                stamp_ns = newest.stamp_ns if _timed(newest) else round(frames[k].t_s * 1e9)
-                self.on_step(RigStep(newest.frame_index, newest.pts_s, stamp_ns, objects))
+        tracked = [_with_tracks(r, u) for r, u in zip(results, updates, strict=True)]
+        if not self.fusion.placing:
+            return tracked
+        observations = self._observations(results, frames, updates)
+        by_frame: list[list[Observation]] = [[] for _ in results]
+        index = {(r.camera, f.t_s): k for k, (r, f) in enumerate(zip(results, frames, strict=True))}
+        for obs in observations:  # every observation has its frame's time
+            by_frame[index[(obs.camera, obs.t_s if obs.t_s is not None else -1.0)]].append(obs)
+        held = [
+            _Held(f.t_s, r, u.track_ids, o)
+            for f, r, u, o in zip(frames, tracked, updates, by_frame, strict=True)
+        ]
+        if self.hold_s == 0.0:  # live: the batch is the step
+            return self._fuse(held) if held else []
+        self._held += held
+        return self._release(final=False)
+
+    def flush(self) -> list[FrameResult]:
+        """Every frame still held, fused (the end of a run)."""
+        started = time.perf_counter_ns()
+        try:
+            return self._release(final=True)
+        finally:
+            self.track_ns += time.perf_counter_ns() - started
+
+    def _release(self, *, final: bool) -> list[FrameResult]:
+        """The held frames whose rig step is complete, fused in time order. A step starts at
+        the earliest held frame and takes the frames less than one frame period after it,
+        one per camera; it is complete when no camera can add to it any more (each has a
+        frame in it or has delivered one past it), when it is `hold_s` older than the
+        newest frame, when too many frames are held, or at the end (`final`)."""
+        held = self._held
+        held.sort(key=lambda h: h.t_s)
+        period = min(self._period.values(), default=_DEFAULT_PERIOD_S)
+        newest = max(self._last_t.values(), default=0.0)
+        fresh = [c for c, t in self._last_t.items() if t >= newest - self.hold_s]
+        out: list[FrameResult] = []
+        while held:
+            t0 = held[0].t_s
+            cams: set[str] = set()
+            size = 0
+            for h in held:
+                if h.t_s - t0 >= period or h.result.camera in cams:
+                    break
+                cams.add(h.result.camera)
+                size += 1
+            complete = all(c in cams or self._last_t[c] >= t0 + period for c in fresh)
+            overdue = t0 < newest - self.hold_s or len(held) > MAX_HELD_FRAMES
+            if not (final or complete or overdue):
+                break
+            step = held[:size]
+            del held[:size]
+            out += self._fuse(step)
+        for h in held:
+            h.held = True
+        return out
+
+    def _fuse(self, step: list[_Held]) -> list[FrameResult]:
+        """One rig step of tracked frames: their global ids, and `on_step`'s objects."""
+        k = max(range(len(step)), key=lambda i: step[i].t_s)
+        newest, t_s = step[k].result, step[k].t_s
+        observations = [o for h in step for o in h.observations]
+        links, objects = self.fusion.step(t_s, observations)
+        if self.on_step is not None:
+            stamp_ns = newest.stamp_ns if _timed(newest) else round(t_s * 1e9)
+            self.on_step(RigStep(newest.frame_index, newest.pts_s, stamp_ns, objects))
+        now = time.monotonic_ns()
         out = []
-        for result, update in zip(results, updates, strict=True):
-            ids = update.track_ids
-            gids = None
-            if links is not None:
-                tracks = ids.tolist()
-                gids = np.array([links.get((result.camera, t), -1) for t in tracks], np.int64)
-            det = result.detections  # built directly: `dataclasses.replace` costs twice as much
-            tracked = Detections(
-                det.xyxy,
-                det.scores,
-                det.labels,
-                det.class_names,
-                track_ids=ids,
-                velocities=update.velocities.astype(np.float32),
-                global_ids=gids,
-            )
-            out.append(
-                FrameResult(
-                    meta=result.meta,
-                    batch_index=result.batch_index,
-                    batch_size=result.batch_size,
-                    detections=tracked,
-                    timing=result.timing,
-                )
-            )
+        for h in step:
+            camera = h.result.camera
+            gids = np.array([links.get((camera, t), -1) for t in h.ids.tolist()], np.int64)
+            out.append(_with_global_ids(h.result, gids, emitted_ns=now if h.held else None))
         return out
 
     def _observations(
@@ -197,4 +311,7 @@ class RigTracker:
                 lifetime_median_s=round(statistics.median(lifetimes), 3) if lifetimes else 0.0,
                 lifetime_max_s=round(max(lifetimes), 3) if lifetimes else 0.0,
             )
-        return TrackingSummary(cameras, self.fusion.objects_made, self.fusion.placing)
+        per_frame = self.track_ns / 1e6 / self.frames if self.frames else 0.0
+        return TrackingSummary(
+            cameras, self.fusion.objects_made, self.fusion.placing, self.frames, per_frame
+        )

@@ -1,0 +1,156 @@
+"""Tracking again over a run's saved detections, with batches formed as chosen.
+
+A replay's tracks and global ids depend on its boxes and on how its frames were batched
+(which frames one rig step holds). `retrack` replays a run's `detections.jsonl` boxes through
+the tracking stage (`RigTracker`: per-camera ByteTrack, then the rig's fusion) with batches
+made on purpose: `spread_frames=0` puts frame k of every camera into one batch (the
+replay's own batching in time order), `spread_frames=s` puts camera c's frame
+`k - offset(c)` beside camera 0's frame k, the offsets spread evenly over 0..s frames
+across the cameras (what a replay whose decoders ran some frames apart made before its
+batches were aligned; a live rig whose cameras lag one another). The same boxes tracked
+with different spreads tell what the tracking stage's result owes to the batching, and
+tracker changes can be compared on identical input.
+
+Used by tests and benchmarks (`scripts/bench_trackers.py`); nothing here reads a video.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drivepercept.errors import ConfigError
+from drivepercept.rig import CameraConfig, load_rig
+from drivepercept.sinks.objects import step_record
+from drivepercept.tracking.bytetrack import TrackParams
+from drivepercept.tracking.fusion import FusionParams
+from drivepercept.tracking.stage import REPLAY_HOLD_S, RigTracker
+from drivepercept.types import Detections, FrameMeta, FrameResult, FrameTiming, Letterbox
+from drivepercept.types.objects import RigStep
+
+Line = Mapping[str, Any]
+_NO_TIMING = FrameTiming(*([0] * len(fields(FrameTiming))))
+
+
+@dataclass(frozen=True)
+class Retracked:
+    """The detection lines with new `track_ids`, `velocities` and `global_ids` (in the
+    input's order), and the objects.jsonl lines of each rig step."""
+
+    detections: list[dict[str, Any]]
+    objects: list[dict[str, Any]]
+    batches: int
+
+
+def _offsets(cameras: Sequence[str], spread_frames: int) -> dict[str, int]:
+    """Camera -> how many frames behind camera 0 it is batched: 0..spread over the rig."""
+    n = len(cameras)
+    if n < 2:
+        return {c: 0 for c in cameras}
+    return {c: round(spread_frames * k / (n - 1)) for k, c in enumerate(cameras)}
+
+
+def _class_names(lines: Sequence[Line]) -> tuple[str, ...]:
+    """The model's class list as far as the lines show it (label index -> name)."""
+    names: dict[int, str] = {}
+    for line in lines:
+        for label, name in zip(line.get("labels", []), line.get("class_names", []), strict=False):
+            names.setdefault(int(label), str(name))
+    count = max(names, default=-1) + 1
+    return tuple(names.get(k, str(k)) for k in range(count))
+
+
+def _result(line: Line, cam: CameraConfig, classes: tuple[str, ...], batch: int) -> FrameResult:
+    width, height = cam.size or (0, 0)
+    box = Letterbox((width, height), (width, height), 1.0, 1.0, 0.0, 0.0)
+    stamp = line.get("stamp_ns")
+    meta = FrameMeta(
+        camera=str(line["camera"]),
+        camera_index=int(line.get("camera_index", 0)),
+        frame_index=int(line["frame_index"]),
+        pts_s=float(line["pts_s"]),
+        capture_ns=0,
+        decoded_ns=0,
+        preprocessed_ns=0,
+        letterbox=box,
+        stamp_ns=None if stamp is None else int(stamp),
+    )
+    xyxy = np.asarray(line.get("boxes", []), np.float32).reshape(-1, 4)
+    detections = Detections(
+        xyxy,
+        np.asarray(line.get("scores", []), np.float32),
+        np.asarray(line.get("labels", []), np.int64),
+        classes,
+    )
+    return FrameResult(meta, batch, 0, detections, _NO_TIMING)
+
+
+def retrack(
+    rig: Path | str | Sequence[CameraConfig],
+    lines: Iterable[Line],
+    *,
+    spread_frames: int = 0,
+    params: TrackParams | None = None,
+    fusion: FusionParams | None = None,
+    hold_s: float = REPLAY_HOLD_S,
+) -> Retracked:
+    """Track a run's detection lines again, with batches `spread_frames` apart.
+
+    Args:
+        rig: the rig file the run was made from (or its cameras): their geometry places
+            objects, their sizes tell boxes cut by the image's side.
+        lines: the run's detections.jsonl lines (camera, frame_index, pts_s, boxes,
+            scores, labels, class_names).
+        spread_frames: how many frames apart the cameras' frames of one batch are (>= 0).
+        params, fusion: the tracking stage's settings (its defaults otherwise).
+        hold_s: `RigTracker`'s: a replay's (rig steps by time), or 0 for live's (each
+            batch one step).
+
+    Raises:
+        ConfigError: a negative spread, or a line of a camera the rig does not have.
+    """
+    if isinstance(spread_frames, bool) or not isinstance(spread_frames, int) or spread_frames < 0:
+        raise ConfigError(f"spread_frames must be an integer >= 0, got {spread_frames!r}")
+    cameras = list(load_rig(rig).cameras) if isinstance(rig, (str, Path)) else list(rig)
+    by_name = {c.name: c for c in cameras}
+    kept = list(lines)
+    classes = _class_names(kept)
+    offsets = _offsets([c.name for c in cameras], spread_frames)
+    batches: dict[int, list[int]] = {}
+    for k, line in enumerate(kept):
+        name = str(line["camera"])
+        if name not in by_name:
+            raise ConfigError(f"a detection line of camera {name!r}, which the rig has not")
+        batches.setdefault(int(line["frame_index"]) + offsets[name], []).append(k)
+    steps: list[RigStep] = []
+    tracker = RigTracker(cameras, params=params, fusion=fusion, on_step=steps.append, hold_s=hold_s)
+    out: list[dict[str, Any]] = [dict(line) for line in kept]
+    row_of = {(str(line["camera"]), int(line["frame_index"])): k for k, line in enumerate(kept)}
+    order = {c.name: i for i, c in enumerate(cameras)}
+
+    def fill(tracked: list[FrameResult]) -> None:
+        for result in tracked:
+            det = result.detections
+            line = out[row_of[(result.camera, result.frame_index)]]
+            line["batch_index"] = result.batch_index
+            line["track_ids"] = [] if det.track_ids is None else det.track_ids.tolist()
+            if det.velocities is not None:
+                line["velocities"] = [
+                    [None if not np.isfinite(v) else round(float(v), 2) for v in row]
+                    for row in det.velocities.tolist()
+                ]
+            if det.global_ids is not None:
+                line["global_ids"] = det.global_ids.tolist()
+            else:
+                line.pop("global_ids", None)
+
+    for number, batch in enumerate(sorted(batches)):
+        rows = sorted(batches[batch], key=lambda k: order[str(kept[k]["camera"])])
+        results = [_result(kept[k], by_name[str(kept[k]["camera"])], classes, number) for k in rows]
+        fill(tracker(results))
+    fill(tracker.flush())
+    return Retracked(out, [step_record(s) for s in steps], len(batches))
