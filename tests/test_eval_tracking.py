@@ -468,8 +468,10 @@ def test_eval_streaming_command_prints_offline_and_streaming_ap(
         assert streaming["frames"] == 6 * 6 and 0 < streaming["processed"] <= 36
         for kind in ("offline", "streaming"):
             assert 0.0 <= streaming[kind]["map_50_95"] <= streaming[kind]["map_50"] <= 1.0
-        # a real-time run lags: some frames had no output yet when they were captured
-        assert streaming["lag_ms"] > 0 and streaming["without_output"] > 0
+        # a real-time run lags: some frames had no output yet when they were captured (on a
+        # busy host none of the 0.4 s of frames may have one: then there is no lag to take)
+        assert streaming["without_output"] > 0
+        assert streaming["lag_ms"] > 0 or streaming["without_output"] == streaming["frames"]
         assert ("forecast" in streaming and streaming["forecast"] is not None) == (
             "--forecast" in flags
         )
