@@ -93,6 +93,44 @@ def test_an_object_that_goes_missing_keeps_its_id_only_within_lost_s(
         assert len(tracker.lifetimes_s()) == 2
 
 
+@pytest.mark.parametrize("recover_buffer", [1.0, 0.0])
+def test_a_lost_object_that_stopped_while_hidden_is_found_again(recover_buffer: float) -> None:
+    # given a 40 px wide object moving right at 100 px/s, tracked for 10 frames at 15 fps
+    tracker = CameraTracker(TrackParams(recover_buffer=recover_buffer))
+    fps = 15.0
+    for k in range(10):
+        assert ids_of(step(tracker, k / fps, [box(100 + 100 * k / fps, 200)])) == [1]
+    # when it is hidden for 8 frames (0.53 s) and has stopped meanwhile: its filter coasts
+    # 53 px on, past its width (IoU 0 with where it is)
+    stopped = 100 + 100 * 9 / fps
+    for k in range(10, 18):
+        step(tracker, k / fps, [])
+    back = [ids_of(step(tracker, k / fps, [box(stopped, 200)])) for k in (18, 19, 20)]
+    # then recovery on widened boxes finds it again; without it, a new track starts
+    if recover_buffer:
+        assert back == [[1], [1], [1]]
+    else:
+        assert back == [[-1], [2], [2]]
+
+
+def test_recovery_does_not_take_a_box_of_another_size_or_class() -> None:
+    tracker = CameraTracker()
+    fps = 15.0
+    for k in range(10):
+        step(tracker, k / fps, [box(100 + 100 * k / fps, 200)])
+    for k in range(10, 14):
+        step(tracker, k / fps, [])
+    near = 100 + 100 * 13 / fps + 30  # where recovery would look, but three times as large
+    assert ids_of(step(tracker, 14 / fps, [box(near, 200, 120, 240)])) == [-1]
+    assert ids_of(step(tracker, 15 / fps, [box(near, 200, 120, 240)])) == [2]
+    other = CameraTracker()
+    for k in range(10):
+        step(other, k / fps, [box(100 + 100 * k / fps, 200)])
+    for k in range(10, 14):
+        step(other, k / fps, [])
+    assert ids_of(step(other, 14 / fps, [box(near, 200)], labels=[1])) == [-1]
+
+
 def test_low_score_boxes_continue_a_track_but_never_start_one() -> None:
     # given a tracked object, and params where low-score boxes are 0.3 <= score < 0.5
     tracker = CameraTracker(TrackParams(low_score=0.3))
@@ -192,6 +230,7 @@ def test_a_one_frame_false_positive_never_gets_a_confirmed_id() -> None:
     assert all(ids_of(u) == [1] for u in after)
     assert [t.track_id for t in tracker.tracks()] == [1]
     assert len(tracker.lifetimes_s()) == 1
+    assert tracker.died_young == 1  # counted as a track that died unconfirmed
     # but a box seen twice is confirmed on its second hit
     step(tracker, 10 / FPS, [box(100, 200), box(400, 100)])
     assert ids_of(step(tracker, 11 / FPS, [box(100, 200), box(400, 100)])) == [1, 2]

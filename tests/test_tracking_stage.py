@@ -60,6 +60,8 @@ def test_track_adds_identities_and_the_rigs_objects(in_process: Cli, tmp_path: P
     assert tracking["placed"] is True and tracking["rig_objects"] == len({o["id"] for o in objects})
     assert sum(c["tracks"] for c in tracking["cameras"].values()) == len(set(ids))
     assert 0 < tracking["ms_per_frame"] < 1000  # the stage's own time, per camera frame
+    assert all(c["unconfirmed_died"] >= 0 for c in tracking["cameras"].values())
+    assert "died unconfirmed" in (run / "report.html").read_text()
     assert record["summary"]["source_spread_ms"]["max"] == 0.0  # batches in time order
     html = (run / "report.html").read_text()
     assert "<h2>Tracking</h2>" in html and "objects across the rig" in html

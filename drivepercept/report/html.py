@@ -210,7 +210,13 @@ def tracking_section(summary: dict[str, Any]) -> str:
     if not tracking:
         return ""
     rows = [
-        [name, fmt(c["tracks"]), fmt(c["lifetime_median_s"], 2), fmt(c["lifetime_max_s"], 2)]
+        [
+            name,
+            fmt(c["tracks"]),
+            fmt(c["lifetime_median_s"], 2),
+            fmt(c["lifetime_max_s"], 2),
+            fmt(c.get("unconfirmed_died")),
+        ]
         for name, c in tracking["cameras"].items()
     ]
     rig = (
@@ -221,7 +227,7 @@ def tracking_section(summary: dict[str, Any]) -> str:
     cost = tracking.get("ms_per_frame")
     if cost is not None:
         rig += f"; the tracking stage took {fmt(cost, 3)} ms per camera frame"
-    head = ["camera", "tracks", "lifetime median s", "lifetime max s"]
+    head = ["camera", "tracks", "lifetime median s", "lifetime max s", "died unconfirmed"]
     return f"<h2>Tracking</h2><p>{esc(rig)}</p>" + table(head, rows, left=1)
 
 

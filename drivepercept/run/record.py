@@ -272,6 +272,7 @@ def tracking_record(tracker: RigTracker | None) -> TrackingRecord | None:
                 tracks=c.tracks,
                 lifetime_median_s=c.lifetime_median_s,
                 lifetime_max_s=c.lifetime_max_s,
+                unconfirmed_died=c.unconfirmed_died,
             )
             for name, c in summary.cameras.items()
         },

@@ -225,6 +225,7 @@ class CameraTracksRecord(Section):
     tracks: int = 0  # tracks confirmed in this camera over the run
     lifetime_median_s: float = 0.0
     lifetime_max_s: float = 0.0
+    unconfirmed_died: int = 0  # tracks that ended before their id (no second box)
 
 
 @dataclass(frozen=True)

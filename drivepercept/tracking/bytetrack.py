@@ -11,6 +11,11 @@ tracks and boxes (a box only ever meets its own camera's tracks):
 3. matches low-score boxes to the confirmed tracks still unmatched that were tracked in the
    previous frame, with a stricter IoU (the "byte" step: an occluded object's weak box keeps
    its track instead of starting a false one); tracked ones left over become lost;
+3b. finds lost tracks again (`recover_buffer`): the lost tracks left over and the high-score
+   boxes left over are matched on boxes widened by their size, each track's box the better
+   of its filter's prediction and its last box moved on by its velocity (OC-SORT's
+   observation-centric recovery), like sizes only: a filter that coasted through a gap has
+   drifted, and its object restarting under a new id was most of the identity switches;
 4. matches the remaining high-score boxes to unconfirmed tracks (too few hits so far), by a
    buffered IoU (they know no motion yet); those that miss are dropped;
 5. starts an unconfirmed track for each remaining box scoring at least `new_track_score`;
@@ -53,6 +58,13 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 DUPLICATE_IOU = 0.85  # a tracked and a lost track overlapping more than this are one object
+RECOVER_AREA_RATIO = 2.0  # a lost track is found again only by a box of like size (areas)
+
+
+def _area(xyxy: FloatArray) -> FloatArray:
+    size = np.maximum(xyxy[:, 2:] - xyxy[:, :2], 0.0)
+    out: FloatArray = size[:, 0] * size[:, 1]
+    return out
 
 
 def _indices(mask: BoolArray) -> IntArray:
@@ -83,6 +95,11 @@ class TrackParams:
         lost_s: how long a confirmed track survives without boxes, in seconds.
         min_hits: boxes a new track needs to be confirmed (except in the first frame).
         class_aware: a box only joins a track of its own label.
+        recover_iou: least IoU, on widened boxes, of a lost track and a high-score box the
+            first association left over (`recover_buffer`).
+        recover_buffer: lost tracks are found again on boxes widened by this fraction of
+            their size on each side, the track's box the better of its prediction and its
+            last box moved on (OC-SORT's observation-centric recovery); 0: not at all.
     """
 
     high_score: float = 0.5
@@ -92,9 +109,11 @@ class TrackParams:
     second_match_iou: float = 0.5
     unconfirmed_match_iou: float = 0.3
     unconfirmed_buffer: float = 1.0
-    lost_s: float = 1.0
+    lost_s: float = 1.5
     min_hits: int = 2
     class_aware: bool = True
+    recover_iou: float = 0.3
+    recover_buffer: float = 1.0
 
     def __post_init__(self) -> None:
         high = self.high_score
@@ -107,6 +126,8 @@ class TrackParams:
             "unconfirmed_match_iou": (0.0, 1.0, False, "in (0, 1]"),
             "unconfirmed_buffer": (0.0, 10.0, True, "in [0, 10]"),
             "lost_s": (0.0, math.inf, True, ">= 0 seconds"),
+            "recover_iou": (0.0, 1.0, False, "in (0, 1]"),
+            "recover_buffer": (0.0, 10.0, True, "in [0, 10]"),
         }
         for name, (least, most, closed, said) in ranges.items():
             value = getattr(self, name)
@@ -193,6 +214,7 @@ class ByteTracker:
         self._last_t: dict[int, float] = {}
         self._next_id: dict[int, int] = {}
         self._ended_s: dict[int, dict[int, float]] = {}  # camera -> ended track id -> lifetime
+        self._died_young: dict[int, int] = {}  # camera -> unconfirmed tracks that missed
 
     def update(self, frames: Sequence[CameraBoxes]) -> list[TrackUpdate]:
         """Track one frame of each of some cameras (at most one frame per camera).
@@ -269,6 +291,9 @@ class ByteTracker:
 
         associate(_indices(confirmed), _indices(high), p.match_iou)
         associate(_indices(was_tracked & (row_det < 0)), _indices(low), p.second_match_iou)
+        if p.recover_buffer > 0:
+            lost = confirmed & tracks.lost
+            self._recover(iou, same, boxes, high, det_row, row_det, lost, row_t)
         high_left = _indices(high & (det_row < 0))
         young = _indices(unconfirmed)
         if len(young) and len(high_left):  # buffered IoU: the track has no motion yet
@@ -287,11 +312,14 @@ class ByteTracker:
                 tracks.mean[matched], tracks.cov[matched], z
             )
             tracks.hits[matched] += 1
+            tracks.box[matched] = boxes[row_det[matched]]
             tracks.last_s[matched] = row_t[matched]
             tracks.labels[matched] = label[row_det[matched]]
         missed = row_det < 0
         tracks.lost = np.where(active, confirmed & missed, tracks.lost)
         drop = unconfirmed & missed  # an unconfirmed track that missed
+        for cam in tracks.cams[drop].tolist():
+            self._died_young[cam] = self._died_young.get(cam, 0) + 1
         promote = _indices(unconfirmed & (tracks.hits >= p.min_hits))
         tracks.ids[promote] = self._new_ids(tracks.cams[promote])
 
@@ -302,7 +330,7 @@ class ByteTracker:
             ids = np.zeros(len(new), np.int64)
             ids[confirm] = self._new_ids(det_cam[new[confirm]])
             det_row[new] = len(tracks) + np.arange(len(new))
-            tracks.append(det_cam[new], mean, cov, ids, label[new], det_t[new])
+            tracks.append(det_cam[new], mean, cov, ids, label[new], det_t[new], boxes[new])
             grown = np.zeros(len(new), np.bool_)
             drop, active = np.concatenate([drop, grown]), np.concatenate([active, ~grown])
             row_t = np.concatenate([row_t, det_t[new]])
@@ -316,6 +344,46 @@ class ByteTracker:
             TrackUpdate(ids_out[a:b], velocities[a:b])
             for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
         ]
+
+    def _recover(
+        self,
+        iou: FloatArray,
+        same: BoolArray,
+        boxes: FloatArray,
+        high: BoolArray,
+        det_row: IntArray,
+        row_det: IntArray,
+        lost: BoolArray,
+        row_t: FloatArray,
+    ) -> None:
+        """Lost tracks found again: of the lost tracks the first association left over and
+        the high-score boxes left over, pairs whose boxes overlap once both are widened by
+        `recover_buffer` of their size, each track's box taken as the better of its filter's
+        prediction and its last box moved on by its velocity (OC-SORT's observation-centric
+        recovery: a filter that coasted through a gap has drifted; the last box has not),
+        and of like size (areas within a factor of 2). A restart under a new id inside the
+        lost buffer was most of ByteTrack's identity switches on the crossing drives."""
+        tracks, p = self._tracks, self.params
+        rows = _indices(lost & (row_det < 0))
+        dets = _indices(high & (det_row < 0))
+        if not len(rows) or not len(dets):
+            return
+        gap = np.nan_to_num(row_t[rows] - tracks.last_s[rows])[:, None]
+        velocity = tracks.velocities(rows)
+        moved = tracks.box[rows] + np.nan_to_num(velocity) * gap
+        predicted = xywh_to_xyxy(tracks.mean[rows])
+        buffer = p.recover_buffer
+        wide = widen(boxes[dets], buffer)
+        near = np.maximum(
+            box_iou(widen(predicted, buffer), wide), box_iou(widen(moved, buffer), wide)
+        )
+        ratio = _area(tracks.box[rows])[:, None] / np.maximum(_area(boxes[dets])[None, :], 1e-9)
+        pairs = np.ix_(rows, dets)
+        ok = same[pairs] & (ratio <= RECOVER_AREA_RATIO) & (ratio >= 1.0 / RECOVER_AREA_RATIO)
+        iou[pairs] = np.where(ok, near, 0.0)
+        r, c = match(iou[pairs], p.recover_iou)
+        det_row[dets[c]] = rows[r]
+        row_det[rows[r]] = dets[c]
 
     def _new_ids(self, cams: IntArray) -> IntArray:
         """The next ids of these cameras' new tracks, in order: each camera counts up from 1."""
@@ -394,6 +462,11 @@ class ByteTracker:
             lifetimes[int(tr.ids[row])] = float(tr.last_s[row] - tr.first_s[row])
         return tuple(lifetimes[k] for k in sorted(lifetimes))
 
+    def died_young(self, camera: int) -> int:
+        """How many of a camera's tracks ended unconfirmed (a box that got no second one:
+        a false positive, or an object whose id would have started later)."""
+        return self._died_young.get(camera, 0)
+
     def ended_count(self, camera: int) -> int:
         """How many of a camera's confirmed tracks have ended (lost for longer than
         `lost_s`, or merged)."""
@@ -443,3 +516,8 @@ class CameraTracker:
     def ended_count(self) -> int:
         """How many confirmed tracks have ended (lost for longer than `lost_s`, or merged)."""
         return self._core.ended_count(0)
+
+    @property
+    def died_young(self) -> int:
+        """How many tracks ended unconfirmed (a box that got no second one)."""
+        return self._core.died_young(0)

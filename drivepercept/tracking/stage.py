@@ -79,6 +79,7 @@ class CameraTracks:
     tracks: int
     lifetime_median_s: float
     lifetime_max_s: float
+    unconfirmed_died: int = 0  # tracks that ended before their id (one box, no second)
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,7 @@ class RigTracker:
                 tracks=len(lifetimes),
                 lifetime_median_s=round(statistics.median(lifetimes), 3) if lifetimes else 0.0,
                 lifetime_max_s=round(max(lifetimes), 3) if lifetimes else 0.0,
+                unconfirmed_died=self._tracker.died_young(key),
             )
         per_frame = self.track_ns / 1e6 / self.frames if self.frames else 0.0
         return TrackingSummary(

@@ -35,7 +35,7 @@ class CameraBoxes:
     t_s: float
 
 
-_COLUMNS = ("cams", "mean", "cov", "ids", "labels", "hits", "first_s", "last_s", "lost")
+_COLUMNS = ("cams", "mean", "cov", "ids", "labels", "hits", "first_s", "last_s", "lost", "box")
 
 
 class TrackTable:
@@ -52,6 +52,7 @@ class TrackTable:
         self.first_s = np.zeros(0)
         self.last_s = np.zeros(0)
         self.lost = np.zeros(0, np.bool_)
+        self.box = np.zeros((0, 4))  # the latest box it took, xyxy (its last observation)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -64,9 +65,11 @@ class TrackTable:
         ids: IntArray,
         labels: IntArray,
         t_s: FloatArray,
+        box: FloatArray,
     ) -> None:
         n = len(ids)
-        new = (cams, mean, cov, ids, labels, np.ones(n, np.int64), t_s, t_s, np.zeros(n, np.bool_))
+        hits, lost = np.ones(n, np.int64), np.zeros(n, np.bool_)
+        new = (cams, mean, cov, ids, labels, hits, t_s, t_s, lost, box)
         for name, rows in zip(_COLUMNS, new, strict=True):
             setattr(self, name, np.concatenate([getattr(self, name), rows]))
 
