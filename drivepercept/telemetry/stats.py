@@ -207,15 +207,8 @@ def capture_spread_ms(
     How far apart in time the cameras' pictures in one batch were taken; a one-frame batch
     has a spread of 0.
     """
-    idx = np.asarray(batch_index, dtype=np.int64)
     cap = np.asarray(capture_ns, dtype=np.int64)
-    if idx.size == 0:
-        return np.zeros(0)
-    order = np.lexsort((cap, idx))
-    idx, cap = idx[order], cap[order]
-    starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
-    ends = np.r_[starts[1:], idx.size] - 1
-    return np.asarray((cap[ends] - cap[starts]) / 1e6, dtype=np.float64)
+    return _batch_ranges(np.asarray(batch_index, dtype=np.int64), cap) / 1e6
 
 
 def source_spread_ms(
@@ -226,18 +219,19 @@ def source_spread_ms(
     a rig step treats as one. Batches with a frame of no finite time are left out."""
     idx = np.asarray(batch_index, dtype=np.int64)
     t = np.asarray(source_s, dtype=np.float64)
+    keep = ~np.isin(idx, idx[~np.isfinite(t)])
+    return _batch_ranges(idx[keep], t[keep]) * 1e3
+
+
+def _batch_ranges(idx: IntArray, values: npt.NDArray[Any]) -> FloatArray:
+    """Per batch (in batch-index order): its largest value minus its smallest."""
     if idx.size == 0:
         return np.zeros(0)
-    bad = np.unique(idx[~np.isfinite(t)])
-    keep = ~np.isin(idx, bad)
-    idx, t = idx[keep], t[keep]
-    if idx.size == 0:
-        return np.zeros(0)
-    order = np.lexsort((t, idx))
-    idx, t = idx[order], t[order]
+    order = np.lexsort((values, idx))
+    idx, values = idx[order], values[order]
     starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
     ends = np.r_[starts[1:], idx.size] - 1
-    return np.asarray((t[ends] - t[starts]) * 1e3, dtype=np.float64)
+    return np.asarray(values[ends] - values[starts], dtype=np.float64)
 
 
 def recent_window(

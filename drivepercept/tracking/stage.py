@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from drivepercept.errors import ConfigError
 from drivepercept.rig import CameraConfig
@@ -37,32 +38,28 @@ _DEFAULT_PERIOD_S = 0.1  # a rig step's width before any camera's frame interval
 _MIN_PERIOD_S = 1e-3  # intervals shorter than this (a repeated stamp) say nothing of the rate
 
 
-def _with_tracks(result: FrameResult, update: TrackUpdate) -> FrameResult:
+def _with_ids(
+    result: FrameResult,
+    track_ids: IntArray | None,
+    velocities: npt.NDArray[np.float32] | None,
+    global_ids: IntArray | None = None,
+    *,
+    emitted_ns: int | None = None,
+) -> FrameResult:
+    """The result with these identities (and emitted at `emitted_ns` when it was held past
+    its batch: emitted then, not when detected)."""
     det = result.detections  # built directly: `dataclasses.replace` costs twice as much
     tracked = Detections(
         det.xyxy,
         det.scores,
         det.labels,
         det.class_names,
-        track_ids=update.track_ids,
-        velocities=update.velocities.astype(np.float32),
-    )
-    return FrameResult(result.meta, result.batch_index, result.batch_size, tracked, result.timing)
-
-
-def _with_global_ids(result: FrameResult, gids: IntArray, *, emitted_ns: int | None) -> FrameResult:
-    det = result.detections
-    tracked = Detections(
-        det.xyxy,
-        det.scores,
-        det.labels,
-        det.class_names,
-        track_ids=det.track_ids,
-        velocities=det.velocities,
-        global_ids=gids,
+        track_ids=track_ids,
+        velocities=velocities,
+        global_ids=global_ids,
     )
     timing = result.timing
-    if emitted_ns is not None:  # held past its batch: emitted now, not when detected
+    if emitted_ns is not None:
         timing = dataclasses.replace(timing, emitted_ns=emitted_ns)
     return FrameResult(result.meta, result.batch_index, result.batch_size, tracked, timing)
 
@@ -187,7 +184,10 @@ class RigTracker:
             for r in results
         ]
         updates = self._track(frames)
-        tracked = [_with_tracks(r, u) for r, u in zip(results, updates, strict=True)]
+        tracked = [
+            _with_ids(r, u.track_ids, u.velocities.astype(np.float32))
+            for r, u in zip(results, updates, strict=True)
+        ]
         if not self.fusion.placing:
             return tracked
         observations = self._observations(results, frames, updates)
@@ -258,7 +258,9 @@ class RigTracker:
         for h in step:
             camera = h.result.camera
             gids = np.array([links.get((camera, t), -1) for t in h.ids.tolist()], np.int64)
-            out.append(_with_global_ids(h.result, gids, emitted_ns=now if h.held else None))
+            det = h.result.detections
+            emitted = now if h.held else None
+            out.append(_with_ids(h.result, det.track_ids, det.velocities, gids, emitted_ns=emitted))
         return out
 
     def _observations(
