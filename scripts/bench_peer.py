@@ -94,13 +94,11 @@ import contextlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from _bench_peer.network import _Ultralytics
 from _bench_peer.options import parse_args
@@ -108,23 +106,14 @@ from _bench_peer.process import Globals
 from _bench_peer.rounds import bench
 from _bench_peer.stats import RoundResult, table
 
+from drivepercept.finite import finite
+
 MISSING_PEER = (
     "bench_peer: ultralytics is not importable with {python}; run this script with the peer "
     "venv: python3 -m venv --system-site-packages /work/peer-venv && "
     "/work/peer-venv/bin/pip install ultralytics, then "
     "PYTHONPATH=. /work/peer-venv/bin/python scripts/bench_peer.py"
 )
-
-
-def _finite(value: Any) -> Any:
-    """`value` with every NaN or infinity as None (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in table(rounds, record["summary"]):
         print(line)
     if settings.json_path is not None:
-        text = json.dumps(_finite(record), indent=2, allow_nan=False)
+        text = json.dumps(finite(record), indent=2, allow_nan=False)
         settings.json_path.write_text(text + "\n", encoding="utf-8")
         print(f"written {settings.json_path}")
     return 0

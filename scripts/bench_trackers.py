@@ -86,6 +86,7 @@ from _bench_trackers.runs import (
 )
 
 from drivepercept.errors import DrivePerceptError
+from drivepercept.finite import finite
 from drivepercept.tracking.bytetrack import TrackParams
 
 MISSING_PEER = (
@@ -194,17 +195,6 @@ def bench_run(
     return rows, lines
 
 
-def _finite(value: Any) -> Any:
-    """`value` with every NaN or infinity as None (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -250,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         )
     if args.json_path is not None:
-        text = json.dumps(_finite(record), indent=2, allow_nan=False)
+        text = json.dumps(finite(record), indent=2, allow_nan=False)
         args.json_path.write_text(text + "\n", encoding="utf-8")
         print(f"\nwritten {args.json_path}")
     return 0

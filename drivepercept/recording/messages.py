@@ -18,12 +18,13 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from drivepercept.finite import finite
 
 # ------------------------------------------------------------------ ROS 2
 
@@ -321,16 +322,6 @@ def foxglove_compressed_image(
     }
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def dumps(message: Mapping[str, Any]) -> bytes:
     """A JSON message's bytes (compact, strict JSON: a non-finite number is written as null)."""
-    return json.dumps(_finite(message), separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(finite(message), separators=(",", ":"), allow_nan=False).encode()

@@ -43,15 +43,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from drivepercept.errors import ConfigError
 from drivepercept.tracking.association import box_iou, match, widen
 from drivepercept.tracking.kalman import BoxKalman, xywh_to_xyxy, xyxy_to_xywh
 from drivepercept.tracking.track_table import CameraBoxes, TrackTable, read_boxes
+from drivepercept.tracking.track_types import TrackInfo as TrackInfo  # re-exported: the
+from drivepercept.tracking.track_types import TrackParams as TrackParams  # tracker's API
+from drivepercept.tracking.track_types import TrackUpdate as TrackUpdate
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -71,127 +72,6 @@ def _indices(mask: BoolArray) -> IntArray:
     """Where a 1-D mask is true (`np.flatnonzero` without its wrapper's cost: the tracker
     makes dozens of these calls per batch)."""
     return mask.nonzero()[0]
-
-
-@dataclass(frozen=True)
-class TrackParams:
-    """ByteTrack's settings (the reference implementation's defaults, but for
-    `unconfirmed_buffer`).
-
-    Attributes:
-        high_score: boxes scoring at least this take part in the first association.
-        low_score: boxes scoring at least this (and below `high_score`) can only continue a
-            track (second association); lower ones are ignored. The pipeline's own score
-            threshold (0.3 by default) usually removes them first.
-        new_track_score: an unmatched high-score box starts a track only from this score.
-        match_iou: least IoU of a high-score box and a track (first association).
-        second_match_iou: least IoU of a low-score box and a tracked track.
-        unconfirmed_match_iou: least IoU of a high-score box and an unconfirmed track.
-        unconfirmed_buffer: how far an unconfirmed track's second box may land: both boxes
-            are widened by this fraction of their size on each side before that IoU (the
-            buffered IoU of C-BIoU, Yang et al., WACV 2023). A track of one box knows no
-            motion yet, and an object crossing a side camera at 15 frames/s moves more than
-            its width per frame. 0 is ByteTrack's plain IoU.
-        lost_s: how long a confirmed track survives without boxes, in seconds.
-        min_hits: boxes a new track needs to be confirmed (except in the first frame).
-        class_aware: a box only joins a track of its own label.
-        recover_iou: least IoU, on widened boxes, of a lost track and a high-score box the
-            first association left over (`recover_buffer`).
-        recover_buffer: lost tracks are found again on boxes widened by this fraction of
-            their size on each side, the track's box the better of its prediction and its
-            last box moved on (OC-SORT's observation-centric recovery); 0: not at all.
-    """
-
-    high_score: float = 0.5
-    low_score: float = 0.1
-    new_track_score: float = 0.6
-    match_iou: float = 0.2
-    second_match_iou: float = 0.5
-    unconfirmed_match_iou: float = 0.3
-    unconfirmed_buffer: float = 1.0
-    lost_s: float = 1.5
-    min_hits: int = 2
-    class_aware: bool = True
-    recover_iou: float = 0.3
-    recover_buffer: float = 1.0
-
-    def __post_init__(self) -> None:
-        high = self.high_score
-        ranges = {  # name -> (least, most, whether the least is allowed, said as)
-            "high_score": (0.0, 1.0, True, "in [0, 1]"),
-            "low_score": (0.0, high, True, f"in [0, high_score={high:g}]"),
-            "new_track_score": (high, 1.0, True, f"in [high_score={high:g}, 1]"),
-            "match_iou": (0.0, 1.0, False, "in (0, 1]"),
-            "second_match_iou": (0.0, 1.0, False, "in (0, 1]"),
-            "unconfirmed_match_iou": (0.0, 1.0, False, "in (0, 1]"),
-            "unconfirmed_buffer": (0.0, 10.0, True, "in [0, 10]"),
-            "lost_s": (0.0, math.inf, True, ">= 0 seconds"),
-            "recover_iou": (0.0, 1.0, False, "in (0, 1]"),
-            "recover_buffer": (0.0, 10.0, True, "in [0, 10]"),
-        }
-        for name, (least, most, closed, said) in ranges.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{name} must be a number {said}, got {value!r}")
-            if not math.isfinite(value):
-                raise ConfigError(f"{name} must be a finite number {said}, got {value!r}")
-            if not (least <= value <= most if closed else least < value <= most):
-                raise ConfigError(f"{name} must be {said}, got {value!r}")
-        hits = self.min_hits
-        if isinstance(hits, bool) or not isinstance(hits, int) or hits < 1:
-            raise ConfigError(f"min_hits must be an integer >= 1, got {hits!r}")
-        if not isinstance(self.class_aware, bool):
-            raise ConfigError(f"class_aware must be true or false, got {self.class_aware!r}")
-
-
-@dataclass(frozen=True, eq=False)
-class TrackUpdate:
-    """What tracking said about one frame's boxes, parallel to them.
-
-    Attributes:
-        track_ids: `(N,)` the confirmed track each box belongs to; -1 for a box that was
-            ignored, left unmatched or only started (or continued) an unconfirmed track.
-        velocities: `(N, 4)` `d(x1, y1, x2, y2)/dt` in pixels per second from the track's
-            motion model; NaN where the box has no id or its track has one box so far.
-    """
-
-    track_ids: IntArray
-    velocities: FloatArray
-
-    def __post_init__(self) -> None:
-        n = len(self.track_ids)
-        if self.track_ids.shape != (n,):
-            raise ValueError(f"track_ids must have shape ({n},), got {self.track_ids.shape}")
-        if self.velocities.shape != (n, 4):
-            raise ValueError(f"velocities must have shape ({n}, 4), got {self.velocities.shape}")
-
-    def __repr__(self) -> str:
-        return f"TrackUpdate(n={len(self.track_ids)}, tracked={int((self.track_ids > 0).sum())})"
-
-
-@dataclass(frozen=True)
-class TrackInfo:
-    """One live confirmed track, for reports.
-
-    Attributes:
-        track_id: its id in its camera (1, 2, ...).
-        label: its class index.
-        xyxy: its box now (the filter's estimate; predicted if it missed this frame).
-        velocity: `d(x1, y1, x2, y2)/dt`, pixels per second (NaN after one box).
-        first_seen_s: time of its first box.
-        last_seen_s: time of its latest box.
-        hits: how many boxes it took.
-        lost: whether it missed the latest frame (it ends after `lost_s` of misses).
-    """
-
-    track_id: int
-    label: int
-    xyxy: tuple[float, float, float, float]
-    velocity: tuple[float, float, float, float]
-    first_seen_s: float
-    last_seen_s: float
-    hits: int
-    lost: bool
 
 
 class ByteTracker:
