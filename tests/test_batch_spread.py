@@ -79,3 +79,35 @@ def test_the_same_detections_get_the_same_rig_ids_whatever_the_batch_spread(
     assert max(s.share for s in replay) - min(s.share for s in replay) <= 0.01
     # with aligned batches (spread 0) a live rig's steps are the replay's
     assert shares[("live", 0)].share == shares[("replay", 0)].share
+
+
+def test_a_stalled_camera_holds_back_at_most_max_held_frames(tmp_path: Path) -> None:
+    """Five cameras deliver, the sixth stalls after its first frame: the frames waiting for
+    their rig step stay bounded (each may carry its original image), and none is lost."""
+    from drivepercept.rig import load_rig
+    from drivepercept.tracking.stage import MAX_HELD_FRAMES, REPLAY_HOLD_S, RigTracker
+    from drivepercept.types import Detections, FrameMeta, FrameResult, FrameTiming, Letterbox
+
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
+    cameras = load_rig(sample).cameras
+    tracker = RigTracker(cameras, hold_s=REPLAY_HOLD_S)
+    assert tracker.fusion.placing
+    box = Letterbox((640, 360), (640, 360), 1.0, 1.0, 0.0, 0.0)
+    timing = FrameTiming(*([0] * 11))
+    boxes = Detections(
+        np.array([[300.0, 150.0, 340.0, 230.0]], np.float32),
+        np.array([0.9], np.float32),
+        np.array([3], np.int64),
+        ("car", "truck", "bus", "pedestrian"),
+    )
+    out = 0
+    for k in range(300):
+        batch = [
+            FrameResult(FrameMeta(c.name, i, k, k / 15, 0, 0, 0, box), k, 6, boxes, timing)
+            for i, c in enumerate(cameras)
+            if i < 5 or k == 0  # the sixth camera stalls after frame 0
+        ]
+        out += len(tracker(batch))
+        assert len(tracker._held) <= MAX_HELD_FRAMES
+    out += len(tracker.flush())
+    assert out == 5 * 300 + 1  # every frame came out once
