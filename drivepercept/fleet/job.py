@@ -76,6 +76,7 @@ def run_fleet(
     """
     drives = options.plan()
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
+    started_unix = time.time()
     try:
         options.folder.state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -102,6 +103,8 @@ def run_fleet(
             outcomes += ran
         finally:
             scheduler.shutdown(owned)
+        if interrupted:  # every worker is gone now: what they published is final
+            outcomes = scheduler.settle(options, todo, outcomes, started_unix)
     # staged attempts of killed or cancelled workers: never part of a drive folder
     shutil.rmtree(scheduler.staging_root(options), ignore_errors=True)
     wall_s = time.monotonic() - t0

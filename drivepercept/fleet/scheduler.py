@@ -215,6 +215,26 @@ def _stop(actors: Sequence[Any], wait_s: float = 5.0) -> None:
             time.sleep(0.05)
 
 
+def settle(
+    options: FleetOptions,
+    drives: Sequence[Drive],
+    outcomes: Sequence[DriveOutcome],
+    since_unix: float,
+) -> list[DriveOutcome]:
+    """After an interrupted fleet's workers are all gone (Ray shut down): a drive said to be
+    cancelled whose folder was published all the same (a worker that outlived `_stop`'s
+    bounded wait on a busy host) is reported as its folder says, so that fleet.json and the
+    drive folders agree, and `--resume` skips exactly what fleet.json calls complete."""
+    by_name = {d.name: d for d in drives}
+    settled = []
+    for outcome in outcomes:
+        drive = by_name.get(outcome.drive)
+        if outcome.status == "cancelled" and drive is not None:
+            outcome = _finished_anyway(options, drive, since_unix) or outcome
+        settled.append(outcome)
+    return settled
+
+
 def _finished_anyway(options: FleetOptions, drive: Drive, since_unix: float) -> DriveOutcome | None:
     """A drive whose worker published it between Ctrl-C and its end: its folder's record."""
     done = read_drive_record(options.folder.drive(drive.name).path)
