@@ -59,7 +59,12 @@ class Outcome:
                 "growth_mb": round(self.rss.growth_mb, 2),
                 "after_run_mb": self.rss_after_run_mb,
             },
-            "latency": {**asdict(self.latency), "ratio": round(self.latency.ratio, 4)},
+            "latency": {
+                **asdict(self.latency),
+                "ratio": round(self.latency.ratio, 4),
+                "host_ratio": round(self.latency.host_ratio, 4),
+                "adjusted_ratio": round(self.latency.adjusted_ratio, 4),
+            },
             "accounting": [
                 {
                     **asdict(a),
@@ -108,7 +113,9 @@ def table(outcome: Outcome) -> Iterator[str]:
     yield (
         f"latency  p99 first {lat.window_s:.0f} s {lat.first_p99_ms:.1f} ms "
         f"({lat.first_frames} frames), last {lat.window_s:.0f} s {lat.last_p99_ms:.1f} ms "
-        f"({lat.last_frames} frames), ratio {lat.ratio:.3f}"
+        f"({lat.last_frames} frames), ratio {lat.ratio:.3f}; model median "
+        f"{lat.first_model_ms:.1f} -> {lat.last_model_ms:.1f} ms (host x{lat.host_ratio:.3f}), "
+        f"ratio with the host's slowdown out {lat.adjusted_ratio:.3f}"
     )
     transit = outcome.extra["in_transit_during_run"]
     outages = outcome.extra["outages"]

@@ -149,8 +149,8 @@ def soak(args: argparse.Namespace) -> Outcome:
         during_max_os=max([s.os_threads for s in during] or [0]),
         new_os=len(after_ids - before_ids),
     )
-    capture, e2e = read_latencies(result.run_dir)
-    latency = latency_windows(capture, e2e, window_s=args.window_s)
+    capture, e2e, model_ms = read_latencies(result.run_dir)
+    latency = latency_windows(capture, e2e, window_s=args.window_s, model_ms=model_ms)
     # memory time runs from the start of capture (model load and the engine's warm-up come
     # before it); the end is the last sample while the pipeline's threads ran: `run` also
     # writes the report (matplotlib plots), whose memory is not the pipeline's
