@@ -96,8 +96,9 @@ class _Held:
     """A tracked frame waiting for its rig step (`RigTracker`'s `hold_s`)."""
 
     t_s: float
-    result: FrameResult
+    result: FrameResult  # as detected: its ids are added when it is fused
     ids: IntArray
+    velocities: npt.NDArray[np.float32]
     observations: list[Observation]
     held: bool = False  # returned by a later call than its own
 
@@ -185,24 +186,27 @@ class RigTracker:
             for r in results
         ]
         updates = self._track(frames)
-        tracked = [
-            _with_ids(r, u.track_ids, u.velocities.astype(np.float32))
-            for r, u in zip(results, updates, strict=True)
-        ]
+        velocities = [u.velocities.astype(np.float32) for u in updates]
         if not self.fusion.placing:
-            return tracked
+            return [
+                _with_ids(r, u.track_ids, v)
+                for r, u, v in zip(results, updates, velocities, strict=True)
+            ]
         observations = self._observations(results, frames, updates)
+        if self.hold_s == 0.0:  # live: the batch is the step, its observations all at once
+            step = [
+                _Held(f.t_s, r, u.track_ids, v, [])
+                for f, r, u, v in zip(frames, results, updates, velocities, strict=True)
+            ]
+            return self._fuse(step, observations) if step else []
         by_frame: list[list[Observation]] = [[] for _ in results]
         index = {(r.camera, f.t_s): k for k, (r, f) in enumerate(zip(results, frames, strict=True))}
         for obs in observations:  # every observation has its frame's time
             by_frame[index[(obs.camera, obs.t_s if obs.t_s is not None else -1.0)]].append(obs)
-        held = [
-            _Held(f.t_s, r, u.track_ids, o)
-            for f, r, u, o in zip(frames, tracked, updates, by_frame, strict=True)
+        self._held += [
+            _Held(f.t_s, r, u.track_ids, v, o)
+            for f, r, u, v, o in zip(frames, results, updates, velocities, by_frame, strict=True)
         ]
-        if self.hold_s == 0.0:  # live: the batch is the step
-            return self._fuse(held) if held else []
-        self._held += held
         return self._release(final=False)
 
     def flush(self) -> list[FrameResult]:
@@ -245,11 +249,15 @@ class RigTracker:
             h.held = True
         return out
 
-    def _fuse(self, step: list[_Held]) -> list[FrameResult]:
-        """One rig step of tracked frames: their global ids, and `on_step`'s objects."""
+    def _fuse(
+        self, step: list[_Held], observations: list[Observation] | None = None
+    ) -> list[FrameResult]:
+        """One rig step of tracked frames: their global ids, and `on_step`'s objects. The
+        step's observations are its frames' own, unless given."""
         k = max(range(len(step)), key=lambda i: step[i].t_s)
         newest, t_s = step[k].result, step[k].t_s
-        observations = [o for h in step for o in h.observations]
+        if observations is None:
+            observations = [o for h in step for o in h.observations]
         links, objects = self.fusion.step(t_s, observations)
         if self.on_step is not None:
             stamp_ns = newest.stamp_ns if _timed(newest) else round(t_s * 1e9)
@@ -259,9 +267,8 @@ class RigTracker:
         for h in step:
             camera = h.result.camera
             gids = np.array([links.get((camera, t), -1) for t in h.ids.tolist()], np.int64)
-            det = h.result.detections
             emitted = now if h.held else None
-            out.append(_with_ids(h.result, det.track_ids, det.velocities, gids, emitted_ns=emitted))
+            out.append(_with_ids(h.result, h.ids, h.velocities, gids, emitted_ns=emitted))
         return out
 
     def _observations(
