@@ -111,3 +111,19 @@ def test_a_stalled_camera_holds_back_at_most_max_held_frames(tmp_path: Path) -> 
         assert len(tracker._held) <= MAX_HELD_FRAMES
     out += len(tracker.flush())
     assert out == 5 * 300 + 1  # every frame came out once
+
+
+def test_retrack_refuses_a_placed_camera_without_its_image_size() -> None:
+    """Detection lines do not carry the image size: a camera with geometry but no width and
+    height would have every box counted as cut by the image's side, so it is refused."""
+    import dataclasses
+
+    from drivepercept.errors import ConfigError
+    from drivepercept.rig import load_rig
+
+    sample = Path(__file__).resolve().parents[1] / "sample_videos" / "rig.toml"
+    cameras = list(load_rig(sample).cameras)
+    assert cameras[1].intrinsics is not None and cameras[1].size is not None
+    cameras[1] = dataclasses.replace(cameras[1], width=None, height=None)
+    with pytest.raises(ConfigError, match=f"camera '{cameras[1].name}' has geometry but no"):
+        retrack(cameras, [], spread_frames=0)

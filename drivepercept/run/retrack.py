@@ -111,12 +111,20 @@ def retrack(
             batch one step).
 
     Raises:
-        ConfigError: a negative spread, or a line of a camera the rig does not have.
+        ConfigError: a negative spread, a line of a camera the rig does not have, or a
+            camera with geometry but no width and height (the lines do not carry the image
+            size, and without it every box would count as cut by the image's side).
     """
     if isinstance(spread_frames, bool) or not isinstance(spread_frames, int) or spread_frames < 0:
         raise ConfigError(f"spread_frames must be an integer >= 0, got {spread_frames!r}")
     cameras = list(load_rig(rig).cameras) if isinstance(rig, (str, Path)) else list(rig)
     by_name = {c.name: c for c in cameras}
+    for cam in cameras:
+        if cam.intrinsics is not None and cam.extrinsics is not None and cam.size is None:
+            raise ConfigError(
+                f"camera {cam.name!r} has geometry but no width and height in the rig: "
+                "retrack needs its image size to tell boxes cut by the image's side"
+            )
     kept = list(lines)
     classes = _class_names(kept)
     offsets = _offsets([c.name for c in cameras], spread_frames)
