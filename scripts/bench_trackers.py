@@ -12,9 +12,8 @@ detections.jsonl is tracked again by every tracker and scored with
   `TrackParams`) run here on the run's boxes, each camera alone: timed like the peers, and
   a check that today's code gives the run's ids (the run does not record its settings).
 * ours re-tracked (--retrack): `retrack(rig.toml, lines, spread_frames=0)` of
-  `drivepercept.run.retrack` (or `drivepercept.eval.retrack`), the run's boxes through the
-  whole tracking stage again, global ids included, where that module exists (a line saying
-  so where it does not).
+  `drivepercept.run.retrack`, the run's boxes through the whole tracking stage again, global
+  ids included.
 * the peers, on the same boxes: each camera alone, frames in frame_index order, every box of
   the line (all scores, before any tracking) handed to Roboflow `trackers` (SORT, ByteTrack,
   OC-SORT, BoT-SORT, C-BIoU; Apache-2.0) and supervision's `sv.ByteTrack` as
@@ -79,7 +78,6 @@ from _bench_trackers.runs import (
     iter_specs,
     peer_available,
     peer_version,
-    retrack_missing,
     run_ours,
     run_peer,
     run_retrack,
@@ -157,11 +155,7 @@ def trackers_for(
     if not args.no_rerun:
         out.append(run_ours(drive, run.lines, params))
     if args.retrack:
-        missing = retrack_missing()
-        if missing is None:
-            out.append(run_retrack(drive, run.lines))
-        else:
-            print(f"ours re-tracked: skipped, {missing}")
+        out.append(run_retrack(drive, run.lines))
     modes = ("matched", "defaults") if args.peer_settings == "both" else (args.peer_settings,)
     for mode in modes:
         for spec in iter_specs(args.peer_keys):

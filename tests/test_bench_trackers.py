@@ -7,10 +7,8 @@ venv, see the script's docstring); those tests skip elsewhere."""
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
 import importlib.util
 import sys
-import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -320,32 +318,22 @@ def test_a_run_scored_with_ours_and_ours_re_run() -> None:
     assert report.row_json(ours)["measures"]["cameras"]["restarts"] == 1
 
 
-def test_retrack_is_skipped_with_a_reason_where_its_module_is_missing(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_retrack_runs_the_whole_tracking_stage_on_the_runs_boxes(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    drive, run = tiny_drive_and_run()
-    monkeypatch.setattr(bench_trackers, "retrack_missing", lambda: "no module here")
-    args = bench_args("--peers", "none", "--retrack", "--no-rerun")
-    names = [t.name for t in bench_trackers.trackers_for(run, drive, args, TrackParams())]
-    assert names == ["ours"]
-    assert "ours re-tracked: skipped, no module here" in capsys.readouterr().out
-
-
-def test_retrack_lines_are_scored_as_it_returns_them(monkeypatch: pytest.MonkeyPatch) -> None:
     # given a stand-in retrack that gives A one id throughout
+    import drivepercept.run.retrack as retrack_module
+    from drivepercept.run.retrack import Retracked
+
     drive, run = tiny_drive_and_run()
     seen: dict[str, Any] = {}
 
-    def retrack(rig: Path, lines: list[dict[str, Any]], *, spread_frames: int) -> Any:
+    def retrack(rig: Path, lines: list[dict[str, Any]], *, spread_frames: int) -> Retracked:
         seen.update(rig=rig, spread=spread_frames)
         fixed = [runs.relabelled(ln, [1 if t == 3 else t for t in ln["track_ids"]]) for ln in lines]
-        return fixed, []
+        return Retracked(fixed, [], 0)
 
-    module = types.ModuleType("stand_in_retrack")
-    module.__spec__ = importlib.machinery.ModuleSpec("stand_in_retrack", None)
-    module.retrack = retrack  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "stand_in_retrack", module)
-    monkeypatch.setattr(runs, "RETRACK_MODULES", ("stand_in_retrack",))
+    monkeypatch.setattr(retrack_module, "retrack", retrack)
     tracked = runs.run_retrack(drive, run.lines)
     row = report.score(tracked, drive, run, short_gap_s=1.0, high_score=0.5)
     assert seen == {"rig": drive.rig_toml, "spread": 0}

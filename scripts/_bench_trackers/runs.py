@@ -1,11 +1,10 @@
 """Trackers run on a run's boxes, each camera alone, frames in order: the peers (Roboflow
 `trackers`, supervision's `sv.ByteTrack`), our own `CameraTracker` again, and the
-re-tracking of `drivepercept.run.retrack` where it exists. Each gives detection lines with
+re-tracking of `drivepercept.run.retrack`. Each gives detection lines with
 its `track_ids` (and, ours, `global_ids`), scored like the run's own."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -380,54 +379,23 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
     )
 
 
-RETRACK_MODULES = ("drivepercept.run.retrack", "drivepercept.eval.retrack")  # first found
-
-
-def retrack_module() -> str | None:
-    """The module that has `retrack` in this checkout (None: neither has)."""
-    for name in RETRACK_MODULES:
-        with contextlib.suppress(ModuleNotFoundError):
-            if importlib.util.find_spec(name) is not None:
-                return name
-    return None
-
-
-def retrack_missing() -> str | None:
-    """Why ours re-tracked cannot run (None: it can)."""
-    if retrack_module() is None:
-        return f"none of {', '.join(RETRACK_MODULES)} exists in this checkout"
-    return None
-
-
 def run_retrack(drive: Drive, lines: Sequence[Line]) -> Tracked:
-    """`retrack(rig.toml, lines, spread_frames=0)`: the run's boxes tracked again, offline,
-    with global ids and placed objects (its result: an object with `detections` and
-    `objects`, or a (lines, objects) pair)."""
-    name = retrack_module()
-    if name is None:
-        raise ValueError(str(retrack_missing()))
-    retrack = importlib.import_module(name).retrack
+    """`drivepercept.run.retrack.retrack(rig.toml, lines, spread_frames=0)`: the run's boxes
+    tracked again, offline, with global ids and placed objects."""
+    from drivepercept.run.retrack import retrack
+
     t0 = time.perf_counter_ns()
     result = retrack(drive.rig_toml, [dict(line) for line in lines], spread_frames=0)
     total_ns = time.perf_counter_ns() - t0
-    new_lines, objects = _retrack_parts(result)
     per_frame = total_ns // max(1, len(lines))
     return Tracked(
         name="ours re-tracked",
-        lines=new_lines,
-        objects=objects,
-        settings={"retrack": f"{name}.retrack", "spread_frames": 0},
+        lines=list(result.detections),
+        objects=list(result.objects),
+        settings={"retrack": "drivepercept.run.retrack.retrack", "spread_frames": 0},
         notes=("the whole rig at once; time per frame is its total over the camera frames",),
         frame_ns=(per_frame,) * len(lines),
     )
-
-
-def _retrack_parts(result: Any) -> tuple[list[Line], list[Line]]:
-    if isinstance(result, tuple) and len(result) == 2:
-        return list(result[0]), list(result[1])
-    if hasattr(result, "detections") and hasattr(result, "objects"):
-        return list(result.detections), list(result.objects)
-    return list(result), []
 
 
 def iter_specs(keys: Sequence[str]) -> Iterator[PeerSpec]:
