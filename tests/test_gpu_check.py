@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import tarfile
 from pathlib import Path
@@ -64,16 +65,26 @@ def test_step_limits_with_their_kill_grace_add_up_to_at_most_480_s() -> None:
 
 @pytest.mark.slow  # 2-3 min: the whole script on the CPU; the step limits are checked above
 @pytest.mark.integration
+@pytest.mark.timeout(660)
 def test_dry_run_runs_every_step_on_the_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path / "out")}
-    proc = subprocess.run(
+    # in a session of its own, so that a run past its time is stopped whole (its benches
+    # and camera server too, not only bash)
+    proc = subprocess.Popen(
         ["bash", str(SCRIPT), "--dry-run"],
         cwd=ROOT,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=380,
+        start_new_session=True,
     )
+    try:
+        proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     # a failing step named with its own output (the log's tail is the last steps')
     failed = re.findall(r"^== (.+): exit ([1-9]\d*) after (\d+) s$", log, re.M)
