@@ -5,6 +5,7 @@ shown beside it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -127,3 +128,50 @@ def test_retrack_refuses_a_placed_camera_without_its_image_size() -> None:
     cameras[1] = dataclasses.replace(cameras[1], width=None, height=None)
     with pytest.raises(ConfigError, match=f"camera '{cameras[1].name}' has geometry but no"):
         retrack(cameras, [], spread_frames=0)
+
+
+def test_retrack_with_a_detection_interval_predicts_the_frames_between(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    """detect_every=3: each camera keeps the boxes of its first frame and of every third
+    one after (the cameras staggered); the tracker answers the others, flagged."""
+    from drivepercept.errors import ConfigError
+
+    drive = tmp_path / "drive"
+    code, err = in_process(
+        ["simulate", "--out", str(drive), "--preset", "crossing", "--seed", "31",
+         "--seconds", "3"]
+    )  # fmt: skip
+    assert code == 0, err
+    gt = json.loads((drive / "ground_truth.json").read_text())
+    lines = _detections_from_labels(gt, seed=5)
+    run = retrack(drive / "rig.toml", lines, detect_every=3)
+    by_camera: dict[str, list[dict[str, Any]]] = {}
+    for line in run.detections:
+        by_camera.setdefault(line["camera"], []).append(line)
+    staggers = set()
+    for camera_lines in by_camera.values():
+        camera_lines.sort(key=lambda ln: ln["frame_index"])
+        kept = [j for j, ln in enumerate(camera_lines) if not ln.get("predicted")]
+        assert kept[0] == 0 and all(b - a <= 3 for a, b in itertools.pairwise(kept))
+        assert len(kept) <= len(camera_lines) // 3 + 2
+        staggers.add(kept[1] if len(kept) > 1 else None)
+        # a kept frame has the boxes it came with; a predicted one the tracker's, with ids
+        original = {
+            ln["frame_index"]: ln for ln in lines if ln["camera"] == camera_lines[0]["camera"]
+        }
+        for j, ln in enumerate(camera_lines):
+            if j in kept:
+                assert ln["boxes"] == original[ln["frame_index"]]["boxes"]
+            else:
+                assert len(ln["boxes"]) == len(ln["scores"]) == len(ln["track_ids"])
+                assert all(t > 0 for t in ln["track_ids"])
+    assert len(staggers) > 1  # the cameras do not all detect the same frames
+    predicted = [ln for ln in run.detections if ln.get("predicted")]
+    assert sum(len(ln["boxes"]) for ln in predicted) > 100  # the tracker answered them
+    # and the scorer reads them as any other line
+    assert score_tracking(gt, run.detections, run.objects).cameras.hota > 0.2
+    # and an interval below 1 is refused
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="detect_every must be an integer >= 1"):
+            retrack(drive / "rig.toml", lines, detect_every=bad)  # type: ignore[arg-type]

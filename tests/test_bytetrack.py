@@ -519,3 +519,41 @@ def test_kalman_steps_each_track_by_its_own_time() -> None:
     grown = both[1][2] - expected
     assert np.allclose(grown - np.diag(np.diag(grown)), 0.0)
     assert (np.diag(grown) > 0).all()  # the process noise, on the diagonal only
+
+
+# -- frames that were not detected ---------------------------------------------------------
+
+
+def test_predict_moves_tracked_boxes_to_the_frames_time_and_changes_nothing() -> None:
+    # given one car going right at 60 px/s, tracked for 10 frames at 30 fps
+    core = ByteTracker()
+    for k in range(10):
+        t = k / FPS
+        frame = CameraBoxes(
+            0, np.array([box(100 + 60 * t, 200)]), np.array([0.8]), np.array([2]), t
+        )
+        core.update([frame])
+    last_t = 9 / FPS
+    # when the tracker is asked for a frame 0.5 s later that was not detected
+    guess = core.predict(0, last_t + 0.5)
+    # then it gives the track's box moved on by its speed (60 px/s * 0.5 s = 30 px), with its
+    # id, class, latest score and velocity
+    assert guess.track_ids.tolist() == [1] and guess.labels.tolist() == [2]
+    assert guess.scores.tolist() == pytest.approx([0.8])
+    expected = np.array(box(100 + 60 * (last_t + 0.5), 200))
+    assert np.abs(guess.xyxy[0] - expected).max() < 3.0
+    assert guess.velocities[0] == pytest.approx([60.0, 0.0, 60.0, 0.0], abs=3.0)
+    # and nothing changed: asked again it says the same, and the next detected frame
+    # (1 s after the last) continues the same track
+    again = core.predict(0, last_t + 0.5)
+    assert np.array_equal(again.xyxy, guess.xyxy)
+    t = last_t + 1.0
+    (update,) = core.update(
+        [CameraBoxes(0, np.array([box(100 + 60 * t, 200)]), np.array([0.8]), np.array([2]), t)]
+    )
+    assert ids_of(update) == [1]
+    # and a camera with no frame yet, or a lost track, gives nothing
+    assert len(core.predict(5, 1.0)) == 0
+    empty = CameraBoxes(0, np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64), t + 0.1)
+    core.update([empty])
+    assert len(core.predict(0, t + 0.2)) == 0

@@ -189,3 +189,49 @@ def test_the_stage_changes_only_the_tracking_fields() -> None:
         assert out.detections.track_ids is not None and out.detections.velocities is not None
     ids = out.detections.track_ids
     assert ids is not None and ids.tolist() == [1]  # the same object, one track
+
+
+def test_a_frame_that_was_not_detected_gets_its_tracks_moved_on() -> None:
+    """A predicted frame (a detection interval) is answered with the camera's tracks at its
+    time, ids kept; a camera with no track yet gets an empty predicted frame."""
+    import numpy as np
+
+    from drivepercept.rig import CameraConfig
+    from drivepercept.tracking.stage import RigTracker
+    from drivepercept.types import (
+        DRIVING_CLASSES,
+        Detections,
+        FrameMeta,
+        FrameResult,
+        FrameTiming,
+        Letterbox,
+    )
+
+    tracker = RigTracker([CameraConfig(name="front"), CameraConfig(name="back")])
+    lb = Letterbox((640, 360), (640, 360), 1.0, 1.0, 0, 0)
+    timing = FrameTiming(*range(11))
+
+    def frame(camera: str, k: int, det: Detections) -> FrameResult:
+        meta = FrameMeta(camera, 0, k, k / 10, 0, 0, 0, lb)
+        return FrameResult(meta, k, 2, det, timing)
+
+    def seen(k: int) -> Detections:  # a car moving right at 100 px/s
+        xyxy = np.array([[100.0 + 10 * k, 100.0, 160.0 + 10 * k, 150.0]], np.float32)
+        return Detections(xyxy, np.array([0.9], np.float32), np.array([0]), DRIVING_CLASSES)
+
+    nothing = Detections.empty(DRIVING_CLASSES, predicted=True)
+    for k in range(5):
+        tracker([frame("front", k, seen(k))])
+    # when front's frame 5 and back's first frame were not detected
+    front, back = tracker([frame("front", 5, nothing), frame("back", 5, nothing)])
+    # then front has its car 10 px further on, its id and score, flagged as predicted
+    det = front.detections
+    assert det.predicted and det.track_ids is not None and det.track_ids.tolist() == [1]
+    assert np.abs(det.xyxy[0] - [150.0, 100.0, 210.0, 150.0]).max() < 3.0
+    assert det.scores.tolist() == pytest.approx([0.9]) and det.names == ["car"]
+    # and back, never detected, has nothing to show, still flagged
+    assert back.detections.predicted and len(back.detections) == 0
+    # and the next detected frame continues the track
+    (after,) = tracker([frame("front", 6, seen(6))])
+    ids = after.detections.track_ids
+    assert ids is not None and ids.tolist() == [1] and not after.detections.predicted

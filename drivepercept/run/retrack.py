@@ -64,7 +64,28 @@ def _class_names(lines: Sequence[Line]) -> tuple[str, ...]:
     return tuple(names.get(k, str(k)) for k in range(count))
 
 
-def _result(line: Line, cam: CameraConfig, classes: tuple[str, ...], batch: int) -> FrameResult:
+def _detected(lines: Sequence[Line], cameras: Sequence[str], every: int) -> list[bool]:
+    """Which lines keep their boxes with a detection interval of `every` frames: each
+    camera's first frame, then every `every`-th of its frames (by frame_index), the cameras
+    staggered by their order so that each batch holds some detected frames. A line that
+    was predicted already (a run with an interval) is never taken for a detection."""
+    order = {c: k for k, c in enumerate(cameras)}
+    position: dict[int, int] = {}
+    for camera in cameras:
+        rows = [k for k, line in enumerate(lines) if str(line["camera"]) == camera]
+        rows.sort(key=lambda k: int(lines[k]["frame_index"]))
+        position |= {k: j for j, k in enumerate(rows)}
+    out = []
+    for k, line in enumerate(lines):
+        j = position[k]
+        due = j == 0 or (j + order[str(line["camera"])]) % every == 0
+        out.append(due and not line.get("predicted", False))
+    return out
+
+
+def _result(
+    line: Line, cam: CameraConfig, classes: tuple[str, ...], batch: int, detected: bool = True
+) -> FrameResult:
     width, height = cam.size or (0, 0)
     box = Letterbox((width, height), (width, height), 1.0, 1.0, 0.0, 0.0)
     stamp = line.get("stamp_ns")
@@ -79,6 +100,8 @@ def _result(line: Line, cam: CameraConfig, classes: tuple[str, ...], batch: int)
         letterbox=box,
         stamp_ns=None if stamp is None else int(stamp),
     )
+    if not detected:  # the tracker answers it
+        return FrameResult(meta, batch, 0, Detections.empty(classes, predicted=True), _NO_TIMING)
     xyxy = np.asarray(line.get("boxes", []), np.float32).reshape(-1, 4)
     detections = Detections(
         xyxy,
@@ -97,6 +120,7 @@ def retrack(
     params: TrackParams | None = None,
     fusion: FusionParams | None = None,
     hold_s: float = REPLAY_HOLD_S,
+    detect_every: int = 1,
 ) -> Retracked:
     """Track a run's detection lines again, with batches `spread_frames` apart.
 
@@ -109,14 +133,21 @@ def retrack(
         params, fusion: the tracking stage's settings (its defaults otherwise).
         hold_s: `RigTracker`'s: a replay's (rig steps by time), or 0 for live's (each
             batch one step).
+        detect_every: keep the boxes of every n-th frame of each camera only (its first
+            frame always, the cameras staggered) and let the tracker answer the others
+            with its tracks moved on to their time (`"predicted": true` lines): what a
+            detection interval costs in accuracy, on the same boxes.
 
     Raises:
-        ConfigError: a negative spread, a line of a camera the rig does not have, or a
+        ConfigError: a negative spread, an interval below 1, a line of a camera the rig
+            does not have, or a
             camera with geometry but no width and height (the lines do not carry the image
             size, and without it every box would count as cut by the image's side).
     """
     if isinstance(spread_frames, bool) or not isinstance(spread_frames, int) or spread_frames < 0:
         raise ConfigError(f"spread_frames must be an integer >= 0, got {spread_frames!r}")
+    if isinstance(detect_every, bool) or not isinstance(detect_every, int) or detect_every < 1:
+        raise ConfigError(f"detect_every must be an integer >= 1, got {detect_every!r}")
     cameras = list(load_rig(rig).cameras) if isinstance(rig, (str, Path)) else list(rig)
     by_name = {c.name: c for c in cameras}
     for cam in cameras:
@@ -134,6 +165,7 @@ def retrack(
         if name not in by_name:
             raise ConfigError(f"a detection line of camera {name!r}, which the rig has not")
         batches.setdefault(int(line["frame_index"]) + offsets[name], []).append(k)
+    detected = _detected(kept, [c.name for c in cameras], detect_every)
     steps: list[RigStep] = []
     tracker = RigTracker(cameras, params=params, fusion=fusion, on_step=steps.append, hold_s=hold_s)
     out: list[dict[str, Any]] = [dict(line) for line in kept]
@@ -145,6 +177,12 @@ def retrack(
             det = result.detections
             line = out[row_of[(result.camera, result.frame_index)]]
             line["batch_index"] = result.batch_index
+            if det.predicted:
+                line["boxes"] = np.round(det.xyxy.astype(np.float64), 2).tolist()
+                line["scores"] = np.round(det.scores.astype(np.float64), 4).tolist()
+                line["labels"] = det.labels.tolist()
+                line["class_names"] = det.names
+                line["predicted"] = True
             line["track_ids"] = [] if det.track_ids is None else det.track_ids.tolist()
             if det.velocities is not None:
                 line["velocities"] = [
@@ -158,7 +196,10 @@ def retrack(
 
     for number, batch in enumerate(sorted(batches)):
         rows = sorted(batches[batch], key=lambda k: order[str(kept[k]["camera"])])
-        results = [_result(kept[k], by_name[str(kept[k]["camera"])], classes, number) for k in rows]
+        results = [
+            _result(kept[k], by_name[str(kept[k]["camera"])], classes, number, detected[k])
+            for k in rows
+        ]
         fill(tracker(results))
     fill(tracker.flush())
     return Retracked(out, [step_record(s) for s in steps], len(batches))

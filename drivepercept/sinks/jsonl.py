@@ -9,8 +9,9 @@ A line looks like (wrapped here)::
 
 Boxes are xyxy in original-frame pixels (2 decimals), scores have 4 decimals, `class_names`
 holds the name of each box. A frame of a recorded drive (ROS bag, MCAP) also has `stamp_ns`,
-its header stamp exactly (its `pts_s` is the same time in seconds). The file is strict JSON:
-a non-finite number is written as null.
+its header stamp exactly (its `pts_s` is the same time in seconds). A frame that was not
+detected (a detection interval) has `"predicted":true`: its boxes are its tracks' moved on
+by the tracker to its time. The file is strict JSON: a non-finite number is written as null.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def frame_record(result: FrameResult) -> dict[str, Any]:
         "labels": [int(v) for v in det.labels.tolist()],
         "class_names": det.names,
         **_identities(det),
+        **({"predicted": True} if det.predicted else {}),
     }
 
 

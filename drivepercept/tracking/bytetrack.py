@@ -50,8 +50,9 @@ import numpy.typing as npt
 from drivepercept.tracking.association import box_iou, match, widen
 from drivepercept.tracking.kalman import BoxKalman, xywh_to_xyxy, xyxy_to_xywh
 from drivepercept.tracking.track_table import CameraBoxes, TrackTable, read_boxes
-from drivepercept.tracking.track_types import TrackInfo as TrackInfo  # re-exported: the
-from drivepercept.tracking.track_types import TrackParams as TrackParams  # tracker's API
+from drivepercept.tracking.track_types import Prediction as Prediction  # re-exported: the
+from drivepercept.tracking.track_types import TrackInfo as TrackInfo  # tracker's API
+from drivepercept.tracking.track_types import TrackParams as TrackParams
 from drivepercept.tracking.track_types import TrackUpdate as TrackUpdate
 
 FloatArray = npt.NDArray[np.float64]
@@ -193,6 +194,7 @@ class ByteTracker:
             )
             tracks.hits[matched] += 1
             tracks.box[matched] = boxes[row_det[matched]]
+            tracks.score[matched] = score[row_det[matched]]
             tracks.last_s[matched] = row_t[matched]
             tracks.labels[matched] = label[row_det[matched]]
         missed = row_det < 0
@@ -210,7 +212,9 @@ class ByteTracker:
             ids = np.zeros(len(new), np.int64)
             ids[confirm] = self._new_ids(det_cam[new[confirm]])
             det_row[new] = len(tracks) + np.arange(len(new))
-            tracks.append(det_cam[new], mean, cov, ids, label[new], det_t[new], boxes[new])
+            tracks.append(
+                det_cam[new], mean, cov, ids, label[new], det_t[new], boxes[new], score[new]
+            )
             grown = np.zeros(len(new), np.bool_)
             drop, active = np.concatenate([drop, grown]), np.concatenate([active, ~grown])
             row_t = np.concatenate([row_t, det_t[new]])
@@ -311,6 +315,28 @@ class ByteTracker:
         if drop.any():
             tracks.keep(~drop)
         return ids, velocities
+
+    def predict(self, camera: int, t_s: float) -> Prediction:
+        """The camera's confirmed tracks that took a box in its latest frame, moved by their
+        motion model to `t_s` (a frame of that camera that was not detected); nothing is
+        changed (the next `update` moves them from the latest frame, as if this one never
+        came). Lost tracks are not shown: their object was not seen last time. A camera
+        with no frame yet has nothing to predict."""
+        tr = self._tracks
+        last = self._last_t.get(camera)
+        rows = _indices((tr.ids > 0) & (tr.cams == camera) & ~tr.lost)
+        if last is None or not math.isfinite(t_s):
+            rows, last = rows[:0], t_s
+        mean = tr.mean[rows]
+        xywh = mean[:, :4] + mean[:, 4:8] * (t_s - last)
+        xywh[:, 2:] = np.maximum(xywh[:, 2:], 1.0)  # a shrinking box stays a box
+        return Prediction(
+            xywh_to_xyxy(xywh),
+            tr.score[rows].copy(),
+            tr.labels[rows].copy(),
+            tr.ids[rows].copy(),
+            tr.velocities(rows),
+        )
 
     def tracks(self, camera: int) -> tuple[TrackInfo, ...]:
         """A camera's live confirmed tracks (tracked and lost), by id."""

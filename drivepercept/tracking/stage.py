@@ -58,6 +58,7 @@ def _with_ids(
         track_ids=track_ids,
         velocities=velocities,
         global_ids=global_ids,
+        predicted=det.predicted,
     )
     timing = result.timing
     if emitted_ns is not None:
@@ -166,6 +167,38 @@ class RigTracker:
                 start = k
         return updates + self._tracker.update(frames[start:])
 
+    def _predicted(
+        self, results: list[FrameResult], frames: list[CameraBoxes]
+    ) -> tuple[list[FrameResult], list[CameraBoxes], list[TrackUpdate]]:
+        """A batch with frames that were not detected: the detected ones tracked, then each
+        other one answered with its camera's tracks moved on to its time (`predict`; a
+        camera with no tracks yet gets none), as results, frames and updates in order."""
+        detected = [k for k, r in enumerate(results) if not r.detections.predicted]
+        tracked = self._track([frames[k] for k in detected])
+        updates: list[TrackUpdate | None] = [None] * len(results)
+        for k, update in zip(detected, tracked, strict=True):
+            updates[k] = update
+        results, frames = list(results), list(frames)
+        for k, result in enumerate(results):
+            if updates[k] is not None:
+                continue
+            frame = frames[k]
+            guess = self._tracker.predict(frame.camera, frame.t_s)
+            det = result.detections
+            boxes = Detections(
+                guess.xyxy.astype(np.float32),
+                guess.scores.astype(np.float32),
+                guess.labels,
+                det.class_names,
+                predicted=True,
+            )
+            results[k] = FrameResult(
+                result.meta, result.batch_index, result.batch_size, boxes, result.timing
+            )
+            frames[k] = CameraBoxes(frame.camera, guess.xyxy, guess.scores, guess.labels, frame.t_s)
+            updates[k] = TrackUpdate(guess.track_ids, guess.velocities)
+        return results, frames, [u for u in updates if u is not None]
+
     def __call__(self, results: list[FrameResult]) -> list[FrameResult]:
         started = time.perf_counter_ns()
         try:
@@ -185,7 +218,10 @@ class RigTracker:
             )
             for r in results
         ]
-        updates = self._track(frames)
+        if any(r.detections.predicted for r in results):
+            results, frames, updates = self._predicted(results, frames)
+        else:
+            updates = self._track(frames)
         velocities = [u.velocities.astype(np.float32) for u in updates]
         if not self.fusion.placing:
             return [

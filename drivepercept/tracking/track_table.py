@@ -35,7 +35,10 @@ class CameraBoxes:
     t_s: float
 
 
-_COLUMNS = ("cams", "mean", "cov", "ids", "labels", "hits", "first_s", "last_s", "lost", "box")
+_COLUMNS = (
+    *("cams", "mean", "cov", "ids", "labels", "hits", "first_s", "last_s", "lost", "box"),
+    "score",
+)
 
 
 class TrackTable:
@@ -53,6 +56,7 @@ class TrackTable:
         self.last_s = np.zeros(0)
         self.lost = np.zeros(0, np.bool_)
         self.box = np.zeros((0, 4))  # the latest box it took, xyxy (its last observation)
+        self.score = np.zeros(0)  # that box's score
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -66,10 +70,11 @@ class TrackTable:
         labels: IntArray,
         t_s: FloatArray,
         box: FloatArray,
+        score: FloatArray,
     ) -> None:
         n = len(ids)
         hits, lost = np.ones(n, np.int64), np.zeros(n, np.bool_)
-        new = (cams, mean, cov, ids, labels, hits, t_s, t_s, lost, box)
+        new = (cams, mean, cov, ids, labels, hits, t_s, t_s, lost, box, score)
         for name, rows in zip(_COLUMNS, new, strict=True):
             setattr(self, name, np.concatenate([getattr(self, name), rows]))
 

@@ -1,5 +1,6 @@
 """The tracker's value types: its settings (`TrackParams`), what it says of a frame's boxes
-(`TrackUpdate`) and of a live track (`TrackInfo`). Frozen; no numpy work of their own."""
+(`TrackUpdate`), of a frame it did not see (`Prediction`) and of a live track (`TrackInfo`).
+Frozen; no numpy work of their own."""
 
 from __future__ import annotations
 
@@ -109,6 +110,36 @@ class TrackUpdate:
 
     def __repr__(self) -> str:
         return f"TrackUpdate(n={len(self.track_ids)}, tracked={int((self.track_ids > 0).sum())})"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A camera's tracked objects moved on to a frame that was not detected: the boxes the
+    tracker expects there, parallel arrays.
+
+    Attributes:
+        xyxy: `(N, 4)` each track's box at the frame's time (its motion model's mean).
+        scores: `(N,)` the score of each track's latest box.
+        labels: `(N,)` their classes.
+        track_ids: `(N,)` their ids (confirmed tracks only, each > 0).
+        velocities: `(N, 4)` as `TrackUpdate`'s.
+    """
+
+    xyxy: FloatArray
+    scores: FloatArray
+    labels: IntArray
+    track_ids: IntArray
+    velocities: FloatArray
+
+    def __post_init__(self) -> None:
+        n = len(self.track_ids)
+        shapes = {"xyxy": (n, 4), "scores": (n,), "labels": (n,), "velocities": (n, 4)}
+        for name, shape in shapes.items():
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {getattr(self, name).shape}")
+
+    def __len__(self) -> int:
+        return len(self.track_ids)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ class Detections:
     (-1: a box no track took); `velocities`, how its xyxy moves, pixels per second (its
     track's motion model; NaN where unknown); `global_ids`, its object across the rig's
     cameras (-1: not placed on the ground). Each is None where that step did not run.
+    `predicted`: the frame was not detected, and its boxes are its tracks' moved on to its
+    time by the tracker (their scores those of each track's latest detected box).
     """
 
     xyxy: FloatArray  # (N, 4)
@@ -30,6 +32,7 @@ class Detections:
     track_ids: IntArray | None = None  # (N,)
     velocities: FloatArray | None = None  # (N, 4)
     global_ids: IntArray | None = None  # (N,)
+    predicted: bool = False  # the tracker's boxes for a frame that was not detected
 
     def __post_init__(self) -> None:
         n = len(self.scores)
@@ -43,12 +46,13 @@ class Detections:
                 raise ValueError(f"{name} must have shape {shape}, got {value.shape}")
 
     @classmethod
-    def empty(cls, class_names: tuple[str, ...] = ()) -> Detections:
+    def empty(cls, class_names: tuple[str, ...] = (), *, predicted: bool = False) -> Detections:
         return cls(
             np.zeros((0, 4), np.float32),
             np.zeros(0, np.float32),
             np.zeros(0, np.int64),
             class_names,
+            predicted=predicted,
         )
 
     def __len__(self) -> int:
@@ -68,6 +72,7 @@ class Detections:
             track_ids=pick(self.track_ids),  # type: ignore[arg-type]
             velocities=pick(self.velocities),  # type: ignore[arg-type]
             global_ids=pick(self.global_ids),  # type: ignore[arg-type]
+            predicted=self.predicted,
         )
 
     @property
@@ -80,4 +85,5 @@ class Detections:
 
     def __repr__(self) -> str:
         tracked = "" if self.track_ids is None else ", tracked"
-        return f"Detections(n={len(self)}{tracked})"
+        predicted = ", predicted" if self.predicted else ""
+        return f"Detections(n={len(self)}{tracked}{predicted})"
