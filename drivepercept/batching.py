@@ -26,6 +26,13 @@ waiting frames, those within one frame period of the earliest one by their own t
 (stamp, else pts; `TimeAligner`); the others wait for a later batch. The frames of a batch
 are then less than one frame period apart, as the cameras' own clocks allow.
 
+With a detection interval (`detect_every` N > 1) each batch is split: the frames the model
+sees come first in its slot, the others last (`Batch.predicted` of them), and the engine
+runs the model on the first rows only; the tracking stage answers the rest. Camera c's k-th
+frame is detected when k is 0 or (k + c) is a multiple of N (staggered: each batch has some
+detected frames, and the model's work per batch stays even), and when it comes over a
+second after the camera's previous frame (a reconnect or a stall: the tracks are stale).
+
 Just in time: with deferred frames and a second staging slot, the batcher does not take the
 next batch the moment a slot is free (its frames would then age for a whole inference in
 the slot); given `free_at` (when the engine will take its next batch), it waits until that
@@ -63,6 +70,9 @@ ALIGN_MAX_SPAN_NS = 10_000_000_000
 _DEFAULT_PERIOD_NS = 100_000_000  # the tolerance before any camera's frame period is known
 _PERIODS_KEPT = 8  # a camera's period: the median of its latest intervals
 SPREADS_KEPT = 100_000  # batches whose time spread the run's figures are taken over
+# detection interval: a camera's frame this long after its previous one is detected (a
+# reconnect or a stall: the tracks the tracker would move on are stale)
+DETECT_AFTER_GAP_NS = 1_000_000_000
 
 
 class TimeAligner:
@@ -123,8 +133,12 @@ class Batcher:
         on_error: Callable[[BaseException], None] | None = None,
         free_at: Callable[[], int] | None = None,
         align: bool = False,
+        detect_every: int = 1,
     ) -> None:
         self.queues = queues
+        self.detect_every = detect_every
+        self._taken: dict[int, int] = {}  # per camera index: frames taken so far
+        self._last_source_ns: dict[int, int] = {}  # per camera index: its latest frame's time
         self.aligner = TimeAligner() if align else None
         self._incomplete_since_ns: int | None = None  # align: since when a camera is awaited
         self._stalled: set[int] = set()  # align: cameras waited out, until they deliver
@@ -213,7 +227,11 @@ class Batcher:
                         heads = {c: _head_ns(qs.head(c)) for c in waiting}
                         waiting = self.aligner.choose(heads)
                     taken = [qs.take(c) for c in waiting]
-                metas = self._fill(self.ring.arrays[slot], taken)
+                detect, predict = self._schedule(taken)
+                rows = self.ring.arrays[slot]
+                metas = self._fill(rows, detect)
+                predicted = self._fill(rows[len(metas) :], predict) if predict else []
+                metas += predicted
                 if not metas:  # every frame of it failed to prepare
                     self.ring.release(slot)
                     continue
@@ -223,6 +241,7 @@ class Batcher:
                     frames=tuple(metas),
                     batched_ns=time.monotonic_ns(),
                     complete=len(metas) == live,
+                    predicted=len(predicted),
                 )
                 self.batches += 1
                 self.partial_batches += 0 if batch.complete else 1
@@ -240,6 +259,31 @@ class Batcher:
             for warning in self._failed_warning.values():
                 warning.close()
             put_until_stopped(self.out, None, self.stop)
+
+    def _schedule(
+        self, taken: list[tuple[QueuedFrame, int]]
+    ) -> tuple[list[tuple[QueuedFrame, int]], list[tuple[QueuedFrame, int]]]:
+        """The taken frames the model sees and those the tracker answers (`detect_every`):
+        camera c's k-th frame is detected when k is 0 or (k + c) is a multiple of the
+        interval (the cameras staggered: each batch has some), or when it comes over
+        `DETECT_AFTER_GAP_NS` after the camera's previous one (a reconnect, a stall: its
+        tracks are stale)."""
+        every = self.detect_every
+        if every <= 1:
+            return taken, []
+        detect: list[tuple[QueuedFrame, int]] = []
+        predict: list[tuple[QueuedFrame, int]] = []
+        for item in taken:
+            frame = item[0]
+            cam = frame.camera_index
+            k = self._taken.get(cam, 0)
+            t, last = frame.source_ns, self._last_source_ns.get(cam)
+            gap = t is not None and last is not None and abs(t - last) > DETECT_AFTER_GAP_NS
+            (detect if k == 0 or gap or (k + cam) % every == 0 else predict).append(item)
+            self._taken[cam] = k + 1
+            if t is not None:
+                self._last_source_ns[cam] = t
+        return detect, predict
 
     def _spread(self, metas: list[FrameMeta]) -> None:
         times = [source_time_ns(m.stamp_ns, m.pts_s) for m in metas]

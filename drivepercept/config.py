@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from drivepercept.errors import ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+MAX_DETECT_EVERY = 100  # detect_every at most: a frame in 100 (6.7 s at 15 fps)
 # what each kind of setting takes: (said as, accepted types); settings files use it too
 SETTING_KINDS: dict[str, tuple[str, type]] = {
     "float": ("a number", numbers.Real),
@@ -76,6 +77,11 @@ class PipelineConfig:
             weights laid out for oneDNN once, each checked against the eager one on a sample
             batch when the engine is set up (`engine/prepack.py`; YOLOv8n 1.14x, tiny 1.3x).
             Ignored on a GPU, for ONNX models, with compile and in bf16/fp16.
+        detect_every: the model sees each camera's first frame and every n-th one after it
+            (the cameras staggered, so each batch has some; a camera whose frames stopped
+            for over a second is detected again first); the tracking stage answers the
+            frames between with its tracks moved on to their time (`Detections.predicted`).
+            1: every frame is detected. Needs a tracking stage.
     """
 
     batch_timeout_ms: float = 20.0
@@ -98,6 +104,7 @@ class PipelineConfig:
     torch_threads: int = 0
     cpu_lanes: int = 0
     cpu_prepack: bool = True
+    detect_every: int = 1
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -142,6 +149,11 @@ class PipelineConfig:
             )
         if not 0 <= self.cpu_lanes <= 1024:
             raise ConfigError(f"cpu_lanes must be 0 (automatic) to 1024, got {self.cpu_lanes}")
+        if not 1 <= self.detect_every <= MAX_DETECT_EVERY:
+            raise ConfigError(
+                f"detect_every must be 1..{MAX_DETECT_EVERY} (1: every frame), "
+                f"got {self.detect_every}"
+            )
         if self.cuda_graphs and self.device == "cpu":
             # 'auto' that finds no GPU is refused where the device is resolved (DetectorStep)
             raise ConfigError("cuda_graphs needs a CUDA device, got device 'cpu'")

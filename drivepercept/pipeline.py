@@ -27,7 +27,7 @@ from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
 from drivepercept.engine.engine import InferenceEngine
-from drivepercept.errors import DrivePerceptError, StageError, one_line, redact
+from drivepercept.errors import ConfigError, DrivePerceptError, StageError, one_line, redact
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
 from drivepercept.sinks.base import LoadSink, Sink
@@ -87,6 +87,8 @@ class Pipeline:
     ) -> None:
         if not cameras:
             raise DrivePerceptError("a pipeline needs at least one camera")
+        if config.detect_every > 1 and stage is None:  # it answers what the model skips
+            raise ConfigError(f"detect_every {config.detect_every} needs a tracking stage")
         self.config, self.detector, self.stage = config, detector, stage
         self.device = resolve_device(config.device)
         self.sinks = (
@@ -105,12 +107,9 @@ class Pipeline:
         self.queues = CameraQueues(self.names, capacity=config.queue_capacity, policy=policy)
         width, height = detector.input.size
         with on_device(self.device):  # pinned memory through our GPU's context, not GPU 0's
+            pin, size = self.device.type == "cuda", {"height": height, "width": width}
             self.ring = StagingRing(
-                slots=config.ring_slots,
-                max_batch=len(cameras),
-                height=height,
-                width=width,
-                pin_memory=self.device.type == "cuda",
+                slots=config.ring_slots, max_batch=len(cameras), pin_memory=pin, **size
             )
         spec = detector.input
         self.decoders = [
@@ -138,6 +137,7 @@ class Pipeline:
             on_error=self._fail,
             free_at=lambda: self.engine.free_at_ns(),  # live: batches made just in time
             align=policy is DropPolicy.BLOCK,  # replay: batches in time order
+            detect_every=config.detect_every,
         )
         self.engine = InferenceEngine(
             detector=detector,

@@ -12,7 +12,7 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 from drivepercept.types import DropPolicy, QueuedFrame
@@ -34,6 +34,21 @@ def put_until_stopped(q: queue.Queue[T], item: T, stop: threading.Event) -> bool
         except queue.Full:
             if stop.is_set():
                 return False
+
+
+def take_until_stopped(q: queue.Queue[T | None], stop: threading.Event) -> Iterator[T]:
+    """The items of a queue as they come, until a None (the producer's end) or until
+    `stop` is set while the queue is empty."""
+    while True:
+        try:
+            item = q.get(timeout=_POLL_S)
+        except queue.Empty:
+            if stop.is_set():
+                return
+            continue
+        if item is None:
+            return
+        yield item
 
 
 class CameraQueues:

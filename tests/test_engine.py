@@ -514,3 +514,74 @@ def test_mixed_precision_on_cuda(precision: str) -> None:
     ) as p:
         stats = p.run()
     assert stats.frames == 30 and stats.device.startswith("cuda")
+
+
+class _RowCounting(MeanDetector):
+    """MeanDetector that keeps how many rows each model call had."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []
+
+    def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        self.rows.append(int(images.shape[0]))
+        return super().forward(images)
+
+
+@pytest.mark.parametrize(
+    ("cameras", "device"),
+    [
+        (1, "cpu"),
+        (3, "cpu"),
+        pytest.param(1, "cuda", marks=[pytest.mark.cuda, needs_cuda]),
+        pytest.param(3, "cuda", marks=[pytest.mark.cuda, needs_cuda]),
+    ],
+)
+def test_a_detection_interval_runs_the_model_on_the_detected_frames_only(
+    cameras: int, device: str
+) -> None:
+    # given cameras of 24 frames, a model on every 3rd frame (one camera: two batches in
+    # three have no frame for the model: on CUDA they pass a batch uploaded and not yet
+    # launched, in order), and a stage that passes results through
+    module = _RowCounting()
+    detector = Detector(
+        name="mean", module=module, input=InputSpec(size=(64, 64)), class_names=("bg", "thing")
+    )
+    sink = Collect()
+    cams = [(f"c{i}", FakeReader(size=(64, 64), frames=24)) for i in range(cameras)]
+    config = PipelineConfig(device=device, detect_every=3, score_threshold=0.0, warmup=False)
+    with Pipeline(
+        cameras=cams, detector=detector, config=config, sinks=[sink], stage=lambda rs: rs
+    ) as p:
+        p.run()
+    # then every frame comes out once, in order per camera
+    by_camera: dict[str, list[FrameResult]] = {}
+    for r in sink.results:
+        by_camera.setdefault(r.camera, []).append(r)
+    assert sorted(by_camera) == [f"c{i}" for i in range(cameras)]
+    for camera, results in by_camera.items():
+        assert [r.frame_index for r in results] == list(range(24)), camera
+        detected = [r for r in results if not r.detections.predicted]
+        predicted = [r for r in results if r.detections.predicted]
+        c = int(camera[1:])
+        assert [r.frame_index for r in detected] == [
+            k for k in range(24) if k == 0 or (k + c) % 3 == 0
+        ]
+        # a detected frame was its own row in the model (its own pixels' mean); a predicted
+        # one reached no model and has no boxes of its own (the stage would add them)
+        _assert_each_frame_saw_its_own_pixels(detected)
+        assert all(len(r.detections) == 0 for r in predicted)
+    # and the model saw only the detected frames
+    assert sum(module.rows) == sum(1 for r in sink.results if not r.detections.predicted)
+    assert sum(module.rows) < 24 * cameras / 2
+
+
+def test_a_pipeline_with_a_detection_interval_needs_a_stage() -> None:
+    cams = [("c0", FakeReader(size=(64, 64), frames=3))]
+    with pytest.raises(ConfigError, match="detect_every 2 needs a tracking stage"):
+        Pipeline(
+            cameras=cams,  # type: ignore[arg-type]
+            detector=_mean_detector(),
+            config=PipelineConfig(device="cpu", detect_every=2),
+            sinks=[],
+        )

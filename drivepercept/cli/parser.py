@@ -14,8 +14,7 @@ EXIT_USAGE = 2
 
 
 def real(text: str) -> float:
-    """A number flag's value: `float`'s reading, without inf and nan (which `float` takes and
-    no setting means)."""
+    """A number flag's value: `float`'s reading, without inf and nan (no setting means them)."""
     try:
         value = float(text)
     except ValueError:
@@ -125,6 +124,7 @@ def _model_args(p: argparse.ArgumentParser, what: str = "SOURCE") -> None:
         ("--cpu-lanes", int, "CPU: sub-batches run at once (default 0: one per torch thread)"),
         ("--cpu-prepack", "switch", "CPU fp32: convolutions packed for oneDNN (default on)"),
         ("--score-threshold", real, "default 0.3"),
+        ("--detect-every", int, "the model sees every N-th frame, tracking the rest (default 1)"),
         ("--queue-capacity", int, "frames waiting per camera (default 4; live 1)"),
         ("--max-frames", int, "stop each camera after N frames"),
         ("--sample-hz", real, "GPU/CPU load samples per second, 0 = off (default 10)"),

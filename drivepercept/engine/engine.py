@@ -19,6 +19,11 @@ Two named threads:
   here, on this thread). It frees the staging slot once the upload is done, maps boxes back
   through each frame's letterbox and hands the frames' results on.
 
+With a detection interval a batch's last `Batch.predicted` frames are not for the model: it
+runs on the first rows only, and those frames come out with empty `Detections` flagged
+`predicted` (the tracking stage fills them in). A batch with no frame for the model is
+passed to `engine-complete` in its turn without touching the device.
+
 A batch the model (or its post-processing) raises on is set aside, not the run: its slot is
 given back, its frames get no results (counted in `failed_batches` / `failed_frames`, and in
 their cameras' `discarded`), the error is logged once per batch, and the next batch runs.
@@ -39,9 +44,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from drivepercept.buffers import StagingRing
@@ -50,10 +54,11 @@ from drivepercept.engine import flight as flights
 from drivepercept.engine.device import on_device
 from drivepercept.engine.failures import BatchFailures
 from drivepercept.engine.flight import InFlight, Staged, new_event, new_stream, tensors
+from drivepercept.engine.results import batch_results
 from drivepercept.engine.step import DetectorStep
 from drivepercept.models.base import Detector
-from drivepercept.queues import put_until_stopped
-from drivepercept.types import Batch, Detections, FrameResult, FrameTiming, WarmupRun
+from drivepercept.queues import put_until_stopped, take_until_stopped
+from drivepercept.types import Batch, FrameResult, WarmupRun
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +113,7 @@ class InferenceEngine:
                 # the weights and constants went up on the default stream, which our streams
                 # do not wait for: let those copies land before any kernel reads them
                 torch.cuda.current_stream(device).synchronize()
+        self._no_rows = torch.empty(0, dtype=torch.uint8)  # a batch the model does not see
         self._count_lock = threading.Lock()
         self._now_in_flight = 0
         self.in_flight_high_water = 0
@@ -250,18 +256,6 @@ class InferenceEngine:
                     self._release(staged)
         return InFlight(staged, outputs, inferred=inferred, compute_started=started, times_ns=times)
 
-    def _batches(self) -> Iterator[Batch]:
-        while True:
-            try:
-                batch = self.inbox.get(timeout=_POLL_S)
-            except queue.Empty:
-                if self.stop.is_set():
-                    return
-                continue
-            if batch is None:
-                return
-            yield batch
-
     def _warm_up(self) -> None:
         """One batch at the rig's size and one of a single frame, through every step and
         stream, waited for; timed, and never counted as frames. On a CPU the full batch's compute
@@ -289,9 +283,15 @@ class InferenceEngine:
                 self._warm_up()
             self.ready_ns = time.monotonic_ns()
             self.ready.set()
-            for batch in self._batches():
+            for batch in take_until_stopped(self.inbox, self.stop):
                 self._held = True  # taken, not yet computing: it counts as waiting
-                rows = self.ring.tensors[batch.slot][: batch.size]
+                if not batch.detected:  # every frame predicted: nothing for the model
+                    if pending is not None:  # in order: the batch before it first
+                        self._launch(pending)
+                        pending = None
+                    self._pass(batch)
+                    continue
+                rows = self.ring.tensors[batch.slot][: batch.detected]
                 staged = self._upload(rows, batch)  # n+1's copy starts before n's compute
                 if not self.cuda:
                     # no copy engine to overlap with: a batch held back would only wait
@@ -314,6 +314,16 @@ class InferenceEngine:
         finally:
             self.step.close()  # the lane threads: nothing computes after this thread
             put_until_stopped(self._in_flight, None, self.stop)
+
+    def _pass(self, batch: Batch) -> None:
+        """A batch the model does not see (`Batch.predicted` is all of it): its slot is
+        given back, and it goes to the completion thread in its turn, with no rows."""
+        now = time.monotonic_ns()
+        staged = Staged(batch, 0, self._no_rows, now, copy_done_ns=now)
+        self._release(staged)
+        self._held = False
+        times = dict.fromkeys(("compute_start", "inference_done", "postprocessed"), now)
+        put_until_stopped(self._in_flight, InFlight(staged, [], times_ns=times), self.stop)
 
     def _launch(self, staged: Staged) -> None:
         """Compute a staged batch once fewer than `flight_limit` are unfinished."""
@@ -413,33 +423,26 @@ class InferenceEngine:
         staged = flight.staged
         batch = staged.batch
         assert batch is not None
-        try:
-            copy_done = self._post(flight)
-        except Exception as exc:
-            self._landed()
-            self._batch_failed(staged, exc)
-            return
-        self._landed()  # the device is done with it: the next may be launched
-        times = flight.times_ns
-        counts = self._counts[: batch.size].tolist()
-        packed = self._out[: batch.size].numpy()
-        names = self.step.class_names
-        emitted = time.monotonic_ns()
-        results = []
-        for row, meta in enumerate(batch.frames):
-            rows = packed[row, : counts[row]]
-            detections = Detections(
-                xyxy=meta.letterbox.to_original(rows[:, :4]),
-                scores=rows[:, 4].astype(np.float32),
-                labels=rows[:, 5].astype(np.int64),
-                class_names=names,
-            )
-            timing = FrameTiming(  # in STAMPS order
-                *(meta.capture_ns, meta.decoded_ns, meta.preprocessed_ns, meta.queued_ns),
-                *(batch.batched_ns, staged.submit_ns, copy_done, times["compute_start"]),
-                *(times["inference_done"], times["postprocessed"], emitted),
-            )
-            results.append(FrameResult(meta, batch.batch_index, batch.size, detections, timing))
+        if staged.size:
+            try:
+                copy_done = self._post(flight)
+            except Exception as exc:
+                self._landed()
+                self._batch_failed(staged, exc)
+                return
+            self._landed()  # the device is done with it: the next may be launched
+        else:  # no rows for the model (`_pass`)
+            copy_done = staged.copy_done_ns
+        results = batch_results(
+            batch,
+            self._out[: staged.size].numpy(),
+            self._counts[: staged.size].tolist(),
+            self.step.class_names,
+            submit_ns=staged.submit_ns,
+            copy_done_ns=copy_done,
+            times_ns=flight.times_ns,
+            emitted_ns=time.monotonic_ns(),
+        )
         self.emit(results)
         self.batches_done += 1
         self.frames_done += len(results)

@@ -265,7 +265,13 @@ def run(
     viewer: Sink | None = None
     try:
         det = detector or load_model(options)
-        tracker = _tracker(cams, options.mode) if options.track else None
+        track = options.track or config.detect_every > 1
+        if track and not options.track:
+            log.warning(
+                "detect every %d frames: tracking is on (its tracks answer the frames between)",
+                config.detect_every,
+            )
+        tracker = _tracker(cams, options.mode) if track else None
         pipeline = Pipeline(
             cameras=list(zip(names, readers, strict=True)),
             detector=det,

@@ -280,6 +280,8 @@ class Batch:
         frames: the frames in the batch, in slot-row order.
         batched_ns: when the batcher sent it.
         complete: every live camera contributed a frame (False: sent on timeout).
+        predicted: how many of the frames, the last ones, the model does not see (a
+            detection interval): the tracking stage answers them.
     """
 
     batch_index: int
@@ -287,14 +289,22 @@ class Batch:
     frames: tuple[FrameMeta, ...]
     batched_ns: int
     complete: bool
+    predicted: int = 0
 
     def __post_init__(self) -> None:
         if not self.frames:
             raise ValueError("a batch holds at least one frame")
+        if not 0 <= self.predicted <= len(self.frames):
+            raise ValueError(f"predicted must be 0..{len(self.frames)}, got {self.predicted}")
 
     @property
     def size(self) -> int:
         return len(self.frames)
+
+    @property
+    def detected(self) -> int:
+        """How many of the frames, the first ones, the model sees."""
+        return len(self.frames) - self.predicted
 
     @property
     def cameras(self) -> tuple[int, ...]:
