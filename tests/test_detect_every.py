@@ -156,3 +156,9 @@ def test_replay_answers_every_frame_detected_or_predicted(in_process: Cli, tmp_p
                 assert all(t > 0 for t in ln["track_ids"]), ln
                 assert len(ln["boxes"]) == len(ln["scores"]) == len(ln["global_ids"])
     assert sum(len(ln["boxes"]) for ln in lines if ln.get("predicted")) > 100
+    # and run.json counts each camera's predicted frames
+    cameras = json.loads((tmp_path / "e3" / "run.json").read_text())["summary"]["cameras"]
+    for camera, camera_lines in by_camera.items():
+        predicted_count = sum(1 for ln in camera_lines if ln.get("predicted"))
+        assert cameras[camera]["frames_predicted"] == predicted_count
+        assert cameras[camera]["frames"] == 30

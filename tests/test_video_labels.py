@@ -186,3 +186,18 @@ def test_large_boxes_are_drawn_first_so_a_small_box_across_ones_edge_stays_whole
     # and the car's edge shows below the pedestrian (above it is the pedestrian's label)
     car_alone = draw_detections(image, _tracked([BIG], [CAR], [-1]))
     assert np.array_equal(out[245:395, 100], car_alone[245:395, 100])
+
+
+def test_a_predicted_frames_boxes_are_drawn_as_corners_only() -> None:
+    # given one box, detected in one frame and predicted by the tracker in another
+    xyxy = np.array([[100.0, 100.0, 300.0, 260.0]], np.float32)
+    args = (xyxy, np.array([0.9], np.float32), np.array([0]), DRIVING_CLASSES)
+    image = np.zeros((360, 640, 3), np.uint8)
+    detected = draw_detections(image, Detections(*args))
+    predicted = draw_detections(image, Detections(*args, predicted=True))
+    # then both mark the box's corners, but only the detected one the middle of its sides
+    # (rows, columns: the top edge is row 100, the left column 100, the bottom row 259)
+    for drawn in (detected, predicted):
+        assert drawn[100, 110].any() and drawn[110, 100].any() and drawn[259, 290].any()
+    assert detected[180, 100].any() and detected[259, 200].any()
+    assert not predicted[180, 100].any() and not predicted[259, 200].any()

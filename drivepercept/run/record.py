@@ -133,6 +133,7 @@ def stats_summary(stats: RunStats) -> SummaryRecord:
                 frames_decoded=c.decoded,
                 frames_prepared=c.prepared,
                 end_to_end_ms=_ms(c.latency_ms),
+                frames_predicted=c.predicted,
             )
             for c in stats.cameras
         },

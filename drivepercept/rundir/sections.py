@@ -166,6 +166,7 @@ class CameraSummaryRecord(Section):
     frames_decoded: int = 0
     frames_prepared: int = 0
     end_to_end_ms: dict[str, float | None] = field(default_factory=dict)
+    frames_predicted: int = 0  # answered by the tracker, not the model (--detect-every)
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,8 @@ def draw_detections(image_bgr: ImageU8, detections: Detections, *, header: str =
 
     Boxes are xyxy in the image's pixels (pixel edges, as everywhere in drivepercept); the outline
     covers the box's edge pixels, largest box first so that smaller ones stay visible on top.
-    Labels are drawn after every box, each on a filled strip placed by
+    A predicted frame's boxes (the tracker's, `Detections.predicted`) are drawn as their four
+    corners. Labels are drawn after every box, each on a filled strip placed by
     `video_labels.place_labels`: above its box where that is free, else inside its top, below
     it or a little further away, so that no label hides another's id or the header (top-left
     corner). Boxes with non-finite coordinates are skipped. Line and text sizes follow the
@@ -177,7 +178,10 @@ def draw_detections(image_bgr: ImageU8, detections: Detections, *, header: str =
     labels = detections.labels.tolist()
     colors = [_PALETTE[int(labels[i]) % len(_PALETTE)] for i in layout.indices]
     for (left, top, right, bottom), color in zip(layout.boxes, colors, strict=True):
-        cv2.rectangle(out, (left, top), (right - 1, bottom - 1), color, style.line_thickness)
+        if detections.predicted:  # the tracker's box, not the model's: its corners only
+            _corners(out, (left, top, right - 1, bottom - 1), color, style.line_thickness)
+        else:
+            cv2.rectangle(out, (left, top), (right - 1, bottom - 1), color, style.line_thickness)
     for text, rect, baseline, color in zip(
         layout.texts, layout.labels, layout.baselines, colors, strict=True
     ):
@@ -203,9 +207,21 @@ def draw_detections(image_bgr: ImageU8, detections: Detections, *, header: str =
     return out
 
 
+def _corners(image: ImageU8, box: Rect, color: tuple[int, int, int], thickness: int) -> None:
+    """A box drawn as its four corners (a quarter of each side): a predicted box."""
+    x1, y1, x2, y2 = box
+    dx, dy = max(2, (x2 - x1) // 4), max(2, (y2 - y1) // 4)
+    for x, y, sx, sy in ((x1, y1, 1, 1), (x2, y1, -1, 1), (x1, y2, 1, -1), (x2, y2, -1, -1)):
+        cv2.line(image, (x, y), (x + sx * dx, y), color, thickness)
+        cv2.line(image, (x, y), (x, y + sy * dy), color, thickness)
+
+
 def frame_header(result: FrameResult) -> str:
-    """The header line of an annotated frame: camera, frame index, end-to-end latency."""
-    return f"{result.camera}  #{result.frame_index}  {result.timing.end_to_end_ms:.1f} ms"
+    """The header line of an annotated frame: camera, frame index, end-to-end latency, and
+    "predicted" for a frame the tracker answered (a detection interval)."""
+    predicted = "  predicted" if result.detections.predicted else ""
+    header = f"{result.camera}  #{result.frame_index}  {result.timing.end_to_end_ms:.1f} ms"
+    return header + predicted
 
 
 def _letterbox(image: ImageU8, size: tuple[int, int]) -> tuple[ImageU8, float, int, int]:

@@ -37,6 +37,7 @@ class CameraStats:
     read: int = 0  # frames read from the source; of them, decoded and prepared for the model
     decoded: int = 0
     prepared: int = 0
+    predicted: int = 0  # frames the model did not see, answered by the tracker
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class RunCounters:
         n = len(cameras)
         self._lock = threading.Lock()
         self._frames = [0] * n
+        self._predicted = [0] * n  # of them, not detected (a detection interval)
         self._latency = [LatencyHistogram() for _ in range(n)]
         self._recent: list[deque[tuple[int, float]]] = [
             deque(maxlen=RECENT_FRAMES) for _ in range(n)
@@ -113,6 +115,7 @@ class RunCounters:
                 i = r.camera_index
                 latency_ms = r.timing.end_to_end_ms
                 self._frames[i] += 1
+                self._predicted[i] += r.detections.predicted
                 self._latency[i].add(latency_ms)
                 self._recent[i].append((r.timing.emitted_ns, latency_ms))
                 first = self._first_capture_ns[i]
@@ -175,8 +178,9 @@ class RunCounters:
                 read=snap.read,
                 decoded=snap.decoded,
                 prepared=snap.prepared,
+                predicted=predicted,
             )
-            for snap, fig in zip(snapshots, figures, strict=True)
+            for snap, fig, predicted in zip(snapshots, figures, self._predicted, strict=True)
         )
         return RunStats(
             cameras=cams,
