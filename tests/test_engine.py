@@ -580,7 +580,7 @@ def test_a_pipeline_with_a_detection_interval_needs_a_stage() -> None:
     cams = [("c0", FakeReader(size=(64, 64), frames=3))]
     with pytest.raises(ConfigError, match="detect_every 2 needs a tracking stage"):
         Pipeline(
-            cameras=cams,  # type: ignore[arg-type]
+            cameras=cams,
             detector=_mean_detector(),
             config=PipelineConfig(device="cpu", detect_every=2),
             sinks=[],

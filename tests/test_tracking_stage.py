@@ -8,7 +8,19 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from drivepercept.rig import CameraConfig
+from drivepercept.tracking.stage import RigTracker
+from drivepercept.types import (
+    DRIVING_CLASSES,
+    Detections,
+    FrameMeta,
+    FrameResult,
+    FrameTiming,
+    Letterbox,
+)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_videos"
 Cli = Callable[[list[str]], tuple[int, str]]
@@ -109,10 +121,7 @@ def test_a_camera_pointing_at_the_sky_is_no_traceback(in_process: Cli, tmp_path:
 
 
 def test_the_video_label_names_the_object_else_the_track() -> None:
-    import numpy as np
-
     from drivepercept.sinks import draw_detections
-    from drivepercept.types import DRIVING_CLASSES, Detections
 
     boxes = np.array([[10, 10, 60, 60], [80, 10, 130, 60], [10, 80, 60, 130]], np.float32)
     det = Detections(
@@ -155,19 +164,6 @@ def test_the_stage_changes_only_the_tracking_fields() -> None:
     every other field of the frame and of its detections must come through as it was."""
     import dataclasses
 
-    import numpy as np
-
-    from drivepercept.rig import CameraConfig
-    from drivepercept.tracking.stage import RigTracker
-    from drivepercept.types import (
-        DRIVING_CLASSES,
-        Detections,
-        FrameMeta,
-        FrameResult,
-        FrameTiming,
-        Letterbox,
-    )
-
     tracker = RigTracker([CameraConfig(name="front")])
     box = np.array([[10.0, 20.0, 60.0, 80.0]], np.float32)
     for k in range(3):
@@ -194,18 +190,6 @@ def test_the_stage_changes_only_the_tracking_fields() -> None:
 def test_a_frame_that_was_not_detected_gets_its_tracks_moved_on() -> None:
     """A predicted frame (a detection interval) is answered with the camera's tracks at its
     time, ids kept; a camera with no track yet gets an empty predicted frame."""
-    import numpy as np
-
-    from drivepercept.rig import CameraConfig
-    from drivepercept.tracking.stage import RigTracker
-    from drivepercept.types import (
-        DRIVING_CLASSES,
-        Detections,
-        FrameMeta,
-        FrameResult,
-        FrameTiming,
-        Letterbox,
-    )
 
     tracker = RigTracker([CameraConfig(name="front"), CameraConfig(name="back")])
     lb = Letterbox((640, 360), (640, 360), 1.0, 1.0, 0, 0)
