@@ -29,8 +29,10 @@ are then less than one frame period apart, as the cameras' own clocks allow.
 With a detection interval (`detect_every` N > 1) each batch is split: the frames the model
 sees come first in its slot, the others last (`Batch.predicted` of them), and the engine
 runs the model on the first rows only; the tracking stage answers the rest. Camera c's k-th
-frame is detected when k is 0 or (k + c) is a multiple of N (staggered: each batch has some
-detected frames, and the model's work per batch stays even), and when it comes over a
+frame is detected when k is 0 or (k + c) is a multiple of N (staggered: with N or more
+cameras in step, each batch has some detected frames and the model's work per batch stays
+about even; with fewer, some batches have none and pass the device by), and when it comes
+over a
 second after the camera's previous frame (a reconnect or a stall: the tracks are stale).
 
 Just in time: with deferred frames and a second staging slot, the batcher does not take the
@@ -228,10 +230,9 @@ class Batcher:
                         waiting = self.aligner.choose(heads)
                     taken = [qs.take(c) for c in waiting]
                 detect, predict = self._schedule(taken)
-                rows = self.ring.arrays[slot]
-                metas = self._fill(rows, detect)
-                predicted = self._fill(rows[len(metas) :], predict) if predict else []
-                metas += predicted
+                metas = self._fill(self.ring.arrays[slot], detect + predict)  # one round
+                skipped = {frame.camera_index for frame, _ in predict}  # one frame a camera
+                predicted = [m for m in metas if m.camera_index in skipped]
                 if not metas:  # every frame of it failed to prepare
                     self.ring.release(slot)
                     continue
@@ -265,7 +266,7 @@ class Batcher:
     ) -> tuple[list[tuple[QueuedFrame, int]], list[tuple[QueuedFrame, int]]]:
         """The taken frames the model sees and those the tracker answers (`detect_every`):
         camera c's k-th frame is detected when k is 0 or (k + c) is a multiple of the
-        interval (the cameras staggered: each batch has some), or when it comes over
+        interval (the cameras staggered, so that batches share the work), or when it comes over
         `DETECT_AFTER_GAP_NS` after the camera's previous one (a reconnect, a stall: its
         tracks are stale)."""
         every = self.detect_every

@@ -78,7 +78,7 @@ class PipelineConfig:
             batch when the engine is set up (`engine/prepack.py`; YOLOv8n 1.14x, tiny 1.3x).
             Ignored on a GPU, for ONNX models, with compile and in bf16/fp16.
         detect_every: the model sees each camera's first frame and every n-th one after it
-            (the cameras staggered, so each batch has some; a camera whose frames stopped
+            (the cameras staggered, so that batches share the work; a camera whose frames stopped
             for over a second is detected again first); the tracking stage answers the
             frames between with its tracks moved on to their time (`Detections.predicted`).
             1: every frame is detected. Needs a tracking stage.

@@ -162,3 +162,12 @@ def test_replay_answers_every_frame_detected_or_predicted(in_process: Cli, tmp_p
         predicted_count = sum(1 for ln in camera_lines if ln.get("predicted"))
         assert cameras[camera]["frames_predicted"] == predicted_count
         assert cameras[camera]["frames"] == 30
+
+
+def test_a_bench_refuses_a_detection_interval(in_process: Cli, tmp_path: Path) -> None:
+    # a bench measures the model on every frame: an interval would measure something else
+    code, err = in_process(
+        ["bench", str(SAMPLE / "rig.toml"), "--mode", "pipeline", "--detect-every", "2"]
+    )
+    assert code == 2, err
+    assert "--detect-every is for replay, live and eval" in err and "Traceback" not in err

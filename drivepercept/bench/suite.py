@@ -136,8 +136,13 @@ def run_bench(
         on_step: capacity's and the sweep's progress, each step or cell as it is measured.
 
     Raises:
-        ConfigError: bad input; DrivePerceptError from the run itself.
+        ConfigError: bad input (a detection interval among them: every bench measures the
+            model on every frame); DrivePerceptError from the run itself.
     """
+    if options.settings.get("detect_every", 1) != 1:
+        raise ConfigError(
+            "--detect-every is for replay, live and eval; a bench runs the model on every frame"
+        )
     if request.mode == "ceiling":
         from drivepercept.bench.ceiling import ceiling
 

@@ -67,7 +67,7 @@ def _class_names(lines: Sequence[Line]) -> tuple[str, ...]:
 def _detected(lines: Sequence[Line], cameras: Sequence[str], every: int) -> list[bool]:
     """Which lines keep their boxes with a detection interval of `every` frames: each
     camera's first frame, then every `every`-th of its frames (by frame_index), the cameras
-    staggered by their order so that each batch holds some detected frames. A line that
+    staggered by their order as the batcher does (`batching.Batcher`). A line that
     was predicted already (a run with an interval) is never taken for a detection."""
     order = {c: k for k, c in enumerate(cameras)}
     position: dict[int, int] = {}
@@ -140,9 +140,9 @@ def retrack(
 
     Raises:
         ConfigError: a negative spread, an interval below 1, a line of a camera the rig
-            does not have, or a
-            camera with geometry but no width and height (the lines do not carry the image
-            size, and without it every box would count as cut by the image's side).
+            does not have, or a camera with geometry but no width and height (the lines do
+            not carry the image size, and without it every box would count as cut by the
+            image's side).
     """
     if isinstance(spread_frames, bool) or not isinstance(spread_frames, int) or spread_frames < 0:
         raise ConfigError(f"spread_frames must be an integer >= 0, got {spread_frames!r}")

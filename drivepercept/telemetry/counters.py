@@ -127,6 +127,11 @@ class RunCounters:
         with self._lock:
             return list(self._frames)
 
+    def predicted(self) -> list[int]:
+        """Per camera, the frames the tracker answered (not detected)."""
+        with self._lock:
+            return list(self._predicted)
+
     def cameras(self, window_s: float = 1.0) -> list[CameraFigures]:
         """Every camera's figures, the recent ones over the last `window_s`."""
         now_ns = time.monotonic_ns()
@@ -180,7 +185,7 @@ class RunCounters:
                 prepared=snap.prepared,
                 predicted=predicted,
             )
-            for snap, fig, predicted in zip(snapshots, figures, self._predicted, strict=True)
+            for snap, fig, predicted in zip(snapshots, figures, self.predicted(), strict=True)
         )
         return RunStats(
             cameras=cams,
