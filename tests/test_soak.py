@@ -99,6 +99,10 @@ def test_latency_ratio_takes_out_the_hosts_slowdown_but_not_a_speed_up() -> None
     # and the criterion fails on growth the host does not explain
     grown = measure.LatencyWindows(60.0, 100.0, 150.0, 600, 600, 60.0, 63.0)
     assert grown.adjusted_ratio > 1.2
+    # and a model twice as slow excuses no more than the host's usual drift (1.3x)
+    slow = measure.LatencyWindows(60.0, 100.0, 200.0, 600, 600, 60.0, 120.0)
+    assert slow.host_ratio == pytest.approx(2.0)
+    assert slow.adjusted_ratio == pytest.approx(2.0 / measure.MAX_HOST_EXCUSE)
 
 
 def test_latency_windows_reject_mismatched_or_empty_tables() -> None:

@@ -25,6 +25,10 @@ class Criterion:
     passed: bool
 
 
+# the most of a latency ratio the host's own slowdown may excuse (its drift is 20-30 %)
+MAX_HOST_EXCUSE = 1.3
+
+
 @dataclass(frozen=True)
 class LatencyWindows:
     """p99 end-to-end latency of the first and of the last `window_s` of capture time, and
@@ -57,10 +61,14 @@ class LatencyWindows:
 
     @property
     def adjusted_ratio(self) -> float:
-        """`ratio` over the host's slowdown (never over a speed-up: a host that got faster
-        does not excuse growth); `ratio` itself when the model's times are unknown."""
+        """`ratio` over the host's slowdown, at most `MAX_HOST_EXCUSE` (the drift this shared
+        host shows; a model 1.5x slower is more likely the pipeline's own doing, threads or
+        state it left behind) and never over a speed-up (a host that got faster does not
+        excuse growth); `ratio` itself when the model's times are unknown."""
         host = self.host_ratio
-        return self.ratio / max(1.0, host) if math.isfinite(host) else self.ratio
+        if not math.isfinite(host):
+            return self.ratio
+        return self.ratio / min(MAX_HOST_EXCUSE, max(1.0, host))
 
 
 def window_s_for(span_s: float, window_s: float) -> float:
