@@ -16,8 +16,8 @@ every few seconds from a `soak-sampler` thread, and then checks:
 * latency: p99 end to end (capture -> emitted, frames.csv) of the last window (a minute, or a
   third of a shorter run) is within --latency-ratio of the first window's, once the host's
   own slowdown is taken out: the ratio is divided by how much slower the model itself ran
-  (median compute start -> inference done, last window over first; never by a speed-up,
-  and by at most 1.3, the drift this shared host shows).
+  (p99 of compute start -> inference done, last window over first, tail for tail; never
+  by a speed-up, and by at most 1.3, the drift this shared host shows).
   On this shared 2-core host the same model on the same batches ran 13 % slower in a CI
   soak's last minute while the process's CPU share stayed at 186 %; the raw ratio is
   printed and kept in soak.json beside it.

@@ -113,7 +113,7 @@ def table(outcome: Outcome) -> Iterator[str]:
     yield (
         f"latency  p99 first {lat.window_s:.0f} s {lat.first_p99_ms:.1f} ms "
         f"({lat.first_frames} frames), last {lat.window_s:.0f} s {lat.last_p99_ms:.1f} ms "
-        f"({lat.last_frames} frames), ratio {lat.ratio:.3f}; model median "
+        f"({lat.last_frames} frames), ratio {lat.ratio:.3f}; model p99 "
         f"{lat.first_model_ms:.1f} -> {lat.last_model_ms:.1f} ms (host x{lat.host_ratio:.3f}), "
         f"ratio with the host's slowdown out {lat.adjusted_ratio:.3f}"
     )
