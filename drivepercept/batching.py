@@ -32,8 +32,8 @@ runs the model on the first rows only; the tracking stage answers the rest. Came
 frame is detected when k is 0 or (k + c) is a multiple of N (staggered: with N or more
 cameras in step, each batch has some detected frames and the model's work per batch stays
 about even; with fewer, some batches have none and pass the device by), and when it comes
-over a
-second after the camera's previous frame (a reconnect or a stall: the tracks are stale).
+over a second after the camera's previous frame (a reconnect or a stall: the tracks are
+stale).
 
 Just in time: with deferred frames and a second staging slot, the batcher does not take the
 next batch the moment a slot is free (its frames would then age for a whole inference in
@@ -58,6 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from drivepercept.buffers import StagingRing
+from drivepercept.config import detect_due
 from drivepercept.errors import RepeatedWarning, one_line
 from drivepercept.queues import CameraQueues, put_until_stopped
 from drivepercept.types import Batch, FrameMeta, ImageU8, QueuedFrame, source_time_ns
@@ -232,7 +233,7 @@ class Batcher:
                 detect, predict = self._schedule(taken)
                 metas = self._fill(self.ring.arrays[slot], detect + predict)  # one round
                 skipped = {frame.camera_index for frame, _ in predict}  # one frame a camera
-                predicted = [m for m in metas if m.camera_index in skipped]
+                predicted = [m for m in metas if m.camera_index in skipped] if predict else []
                 if not metas:  # every frame of it failed to prepare
                     self.ring.release(slot)
                     continue
@@ -280,7 +281,7 @@ class Batcher:
             k = self._taken.get(cam, 0)
             t, last = frame.source_ns, self._last_source_ns.get(cam)
             gap = t is not None and last is not None and abs(t - last) > DETECT_AFTER_GAP_NS
-            (detect if k == 0 or gap or (k + cam) % every == 0 else predict).append(item)
+            (detect if gap or detect_due(k, cam, every) else predict).append(item)
             self._taken[cam] = k + 1
             if t is not None:
                 self._last_source_ns[cam] = t

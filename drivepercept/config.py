@@ -13,6 +13,15 @@ from drivepercept.errors import ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 MAX_DETECT_EVERY = 100  # detect_every at most: a frame in 100 (6.7 s at 15 fps)
+
+
+def detect_due(k: int, camera: int, every: int) -> bool:
+    """Whether camera `camera`'s k-th frame (from 0) is one the model sees with a detection
+    interval of `every`: its first, then those with (k + camera) a multiple of `every` (the
+    cameras staggered). The batcher and `run.retrack` both schedule by it."""
+    return k == 0 or (k + camera) % every == 0
+
+
 # what each kind of setting takes: (said as, accepted types); settings files use it too
 SETTING_KINDS: dict[str, tuple[str, type]] = {
     "float": ("a number", numbers.Real),

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from drivepercept.config import detect_due
 from drivepercept.errors import ConfigError
 from drivepercept.rig import CameraConfig, load_rig
 from drivepercept.sinks.objects import step_record
@@ -78,7 +79,7 @@ def _detected(lines: Sequence[Line], cameras: Sequence[str], every: int) -> list
     out = []
     for k, line in enumerate(lines):
         j = position[k]
-        due = j == 0 or (j + order[str(line["camera"])]) % every == 0
+        due = detect_due(j, order[str(line["camera"])], every)
         out.append(due and not line.get("predicted", False))
     return out
 
