@@ -35,6 +35,11 @@ about even; with fewer, some batches have none and pass the device by), and when
 over a second after the camera's previous frame (a reconnect or a stall: the tracks are
 stale).
 
+With a deadline (`config.deadline_ms`) no frame is dropped for a newer one: each round takes
+every waiting frame, the scheduler beside it (`schedule.DeadlineScheduler`) picks the cameras
+whose newest frame the model sees, and the rest go first as batches without rows, which the
+tracking stage answers as soon as the batch ahead of them is out (`_scheduled_round`).
+
 Just in time: with deferred frames and a second staging slot, the batcher does not take the
 next batch the moment a slot is free (its frames would then age for a whole inference in
 the slot); given `free_at` (when the engine will take its next batch), it waits until that
@@ -57,69 +62,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from drivepercept.alignment import TimeAligner
 from drivepercept.buffers import StagingRing
 from drivepercept.config import detect_due
 from drivepercept.errors import RepeatedWarning, one_line
 from drivepercept.queues import CameraQueues, put_until_stopped
-from drivepercept.types import Batch, FrameMeta, ImageU8, QueuedFrame, source_time_ns
+from drivepercept.schedule import Candidate, DeadlineScheduler
+from drivepercept.types import NO_SLOT, Batch, FrameMeta, ImageU8, QueuedFrame, source_time_ns
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.1
 ALIGN_WAIT_S = 1.0  # how long a replay batch waits for a camera that has no frame queued
-# heads farther apart than this are on clocks that do not run together (a recording's
-# cameras stamped by different clocks): that batch takes them all, as without alignment
-ALIGN_MAX_SPAN_NS = 10_000_000_000
-_DEFAULT_PERIOD_NS = 100_000_000  # the tolerance before any camera's frame period is known
-_PERIODS_KEPT = 8  # a camera's period: the median of its latest intervals
 SPREADS_KEPT = 100_000  # batches whose time spread the run's figures are taken over
 # detection interval: a camera's frame this long after its previous one is detected (a
 # reconnect or a stall: the tracks the tracker would move on are stale)
 DETECT_AFTER_GAP_NS = 1_000_000_000
-
-
-class TimeAligner:
-    """Which cameras' waiting frames make a batch in time order (see the module docstring):
-    those less than one frame period after the earliest waiting frame. The period is the
-    shortest of the cameras' own (the median of each one's latest frame intervals), so one
-    batch never takes two frames' worth of one camera's time. Frames without a time, or
-    heads too far apart to be one clock, are all taken (no alignment is possible)."""
-
-    def __init__(self) -> None:
-        self._last_ns: dict[int, int] = {}
-        self._intervals: dict[int, list[int]] = {}
-
-    def period_ns(self) -> int:
-        """The tolerance now: the shortest camera period seen, else 100 ms."""
-        periods = [sorted(v)[len(v) // 2] for v in self._intervals.values() if v]
-        return min(periods) if periods else _DEFAULT_PERIOD_NS
-
-    def choose(self, heads: dict[int, int | None]) -> list[int]:
-        """Of the cameras with a frame waiting (camera -> that frame's source time), those
-        to take now, in camera order."""
-        cams = sorted(heads)
-        times = [heads[c] for c in cams]
-        if not cams or any(t is None for t in times):
-            chosen = cams
-        else:
-            known = [t for t in times if t is not None]
-            first = min(known)
-            if max(known) - first > ALIGN_MAX_SPAN_NS:
-                chosen = cams
-            else:
-                limit = first + self.period_ns()
-                chosen = [c for c, t in zip(cams, known, strict=True) if t < limit]
-        for cam in chosen:
-            t = heads[cam]
-            if t is None:
-                continue
-            last = self._last_ns.get(cam)
-            if last is not None and 0 < t - last <= ALIGN_MAX_SPAN_NS:
-                kept = self._intervals.setdefault(cam, [])
-                kept.append(t - last)
-                del kept[:-_PERIODS_KEPT]
-            self._last_ns[cam] = t
-        return chosen
 
 
 class Batcher:
@@ -137,9 +95,12 @@ class Batcher:
         free_at: Callable[[], int] | None = None,
         align: bool = False,
         detect_every: int = 1,
+        scheduler: DeadlineScheduler | None = None,
     ) -> None:
         self.queues = queues
         self.detect_every = detect_every
+        self.scheduler = scheduler
+        self._since_detected: dict[int, int] = {}  # scheduler: frames since the last detected
         self._taken: dict[int, int] = {}  # per camera index: frames taken so far
         self._last_source_ns: dict[int, int] = {}  # per camera index: its latest frame's time
         self.aligner = TimeAligner() if align else None
@@ -222,6 +183,10 @@ class Batcher:
                 if not self._just_in_time():
                     self.ring.release(slot)
                     return
+                if self.scheduler is not None:
+                    if not self._scheduled_round(slot, self.scheduler):
+                        return
+                    continue
                 with qs.cond:
                     n = len(qs.cameras)
                     live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
@@ -261,6 +226,128 @@ class Batcher:
             for warning in self._failed_warning.values():
                 warning.close()
             put_until_stopped(self.out, None, self.stop)
+
+    def _scheduled_round(self, slot: int, scheduler: DeadlineScheduler) -> bool:
+        """One round with a deadline (`schedule`): every waiting frame of every camera is
+        taken and answered; the scheduler picks the cameras whose newest frame the model
+        sees (a camera that must be detected, `_must_detect`, gives that frame, and its later
+        frames wait for the next round). The others go first,
+        as batches without rows (one frame a camera each), answered by the tracking stage
+        as soon as the batch before them is out; then the model's batch in `slot`. False
+        when stopped."""
+        qs = self.queues
+        now = time.monotonic_ns()
+        with qs.cond:
+            n = len(qs.cameras)
+            live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
+            rounds: dict[int, list[tuple[QueuedFrame, int]]] = {}
+            forced: list[int] = []
+            for cam in range(n):
+                frames = qs.waiting_frames(cam)
+                if not frames:
+                    continue
+                first = self._must_detect(cam, frames, scheduler)
+                if first is not None:
+                    forced.append(cam)
+                rounds[cam] = qs.take_oldest(cam, len(frames) if first is None else first + 1)
+        candidates = []
+        for cam, taken in rounds.items():
+            newest = taken[-1][0]
+            since = self._since_detected.get(cam, 0) + len(taken)
+            if cam in forced or since >= self.detect_every:
+                candidates.append(Candidate(cam, newest.capture_ns, forced=cam in forced))
+        start = self.free_at() if self.free_at is not None else now
+        chosen = set(
+            scheduler.choose(
+                candidates, now_ns=now, start_ns=start, prepare_ns=self._prepare_ema_ns
+            )
+        )
+        detect = [rounds[c][-1] for c in sorted(chosen)]
+        layers: list[list[tuple[QueuedFrame, int]]] = []
+        for cam, taken in rounds.items():
+            before = taken[:-1] if cam in chosen else taken
+            for k, item in enumerate(before):
+                if k == len(layers):
+                    layers.append([])
+                layers[k].append(item)
+            since = self._since_detected.get(cam, 0) + len(taken)
+            self._since_detected[cam] = 0 if cam in chosen else since
+            for frame, _ in taken:
+                if frame.source_ns is not None:
+                    self._last_source_ns[cam] = frame.source_ns
+        predicted: list[int] = []
+        for layer in layers:
+            metas = self._metas_only(layer)
+            if not metas:
+                continue
+            batch = Batch(
+                self.batches,
+                NO_SLOT,
+                tuple(metas),
+                time.monotonic_ns(),
+                complete=len(metas) == live,
+                predicted=len(metas),
+            )
+            predicted += [m.camera_index for m in metas]
+            self.batches += 1
+            if not put_until_stopped(self.out, batch, self.stop):
+                self.ring.release(slot)
+                return False
+        metas = self._fill(self.ring.arrays[slot], detect) if detect else []
+        index = self.batches if metas else None
+        done = max(now, start) + self._prepare_ema_ns + scheduler.service.estimate_ns(len(metas))
+        scheduler.decided(
+            batch_index=index,
+            detected=[(m.camera_index, m.capture_ns) for m in metas],
+            predicted=predicted,
+            forced=[m.camera_index for m in metas if m.camera_index in forced],
+            expected_done_ns=int(done),
+            now_ns=now,
+        )
+        if not metas:
+            self.ring.release(slot)
+            return not self.stop.is_set()
+        batch = Batch(
+            self.batches, slot, tuple(metas), time.monotonic_ns(), complete=len(rounds) == live
+        )
+        self.batches += 1
+        self.partial_batches += 0 if batch.complete else 1
+        self._spread(metas)
+        if not put_until_stopped(self.out, batch, self.stop):
+            self.ring.release(slot)
+            return False
+        return True
+
+    def _must_detect(
+        self, cam: int, frames: list[QueuedFrame], scheduler: DeadlineScheduler
+    ) -> int | None:
+        """Which of a camera's waiting frames (oldest first) the model must see, if one
+        must: the first that the scheduler says is due (the camera has had none detected,
+        so its tracks would be nothing to predict from, or its last detected frame is the
+        starvation bound older), or that comes over `DETECT_AFTER_GAP_NS` after its previous
+        frame (a reconnect, a stall: the tracks are stale)."""
+        last = self._last_source_ns.get(cam)
+        for k, frame in enumerate(frames):
+            t = frame.source_ns
+            if scheduler.due(cam, frame.capture_ns) or (
+                t is not None and last is not None and abs(t - last) > DETECT_AFTER_GAP_NS
+            ):
+                return k
+            last = t if t is not None else last
+        return None
+
+    def _metas_only(self, taken: list[tuple[QueuedFrame, int]]) -> list[FrameMeta]:
+        """The metas of frames the model will not see (no row, no preparation); a frame
+        that cannot even say its size is left out, as in `_fill`."""
+        metas = []
+        for frame, queued_ns in taken:
+            try:
+                meta = frame.meta_only()
+            except Exception as exc:
+                self._failed(frame.camera_index, one_line(str(exc)) or type(exc).__name__)
+                continue
+            metas.append(dataclasses.replace(meta, queued_ns=queued_ns))
+        return metas
 
     def _schedule(
         self, taken: list[tuple[QueuedFrame, int]]

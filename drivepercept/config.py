@@ -13,6 +13,7 @@ from drivepercept.errors import ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 MAX_DETECT_EVERY = 100  # detect_every at most: a frame in 100 (6.7 s at 15 fps)
+MAX_BUDGET_MS = 60_000.0  # a deadline longer than a minute is not a deadline
 
 
 def detect_due(k: int, camera: int, every: int) -> bool:
@@ -90,7 +91,15 @@ class PipelineConfig:
             (the cameras staggered, so that batches share the work; a camera whose frames stopped
             for over a second is detected again first); the tracking stage answers the
             frames between with its tracks moved on to their time (`Detections.predicted`).
-            1: every frame is detected. Needs a tracking stage.
+            1: every frame is detected. Needs a tracking stage. With a deadline it is the
+            most often a camera is detected (at most one frame in n).
+        deadline_ms: the deadline scheduler's target (`schedule`): the p99 capture-to-result
+            latency it holds by deciding, per camera and frame, detect or predict, with every
+            frame answered (none dropped for a newer one); 0: off. Live and real-time runs
+            only (drop_oldest); needs a tracking stage.
+        max_detect_gap_ms: with a deadline, the longest a camera may go between detected
+            frames (capture times): past it, its next frame is detected whatever the budget
+            says (the starvation bound).
     """
 
     batch_timeout_ms: float = 20.0
@@ -114,6 +123,8 @@ class PipelineConfig:
     cpu_lanes: int = 0
     cpu_prepack: bool = True
     detect_every: int = 1
+    deadline_ms: float = 0.0
+    max_detect_gap_ms: float = 1000.0
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -162,6 +173,20 @@ class PipelineConfig:
             raise ConfigError(
                 f"detect_every must be 1..{MAX_DETECT_EVERY} (1: every frame), "
                 f"got {self.detect_every}"
+            )
+        if not (math.isfinite(self.deadline_ms) and 0.0 <= self.deadline_ms <= MAX_BUDGET_MS):
+            raise ConfigError(
+                f"deadline_ms must be a number of ms in (0, {MAX_BUDGET_MS:g}], or 0 for no "
+                f"deadline, got {self.deadline_ms:g}"
+            )
+        if self.deadline_ms and self.drop_policy != "drop_oldest":
+            raise ConfigError(
+                "deadline_ms (a latency budget) is for live and real-time runs (drop_policy "
+                "drop_oldest): a replay as fast as it goes has no deadline"
+            )
+        if not (math.isfinite(self.max_detect_gap_ms) and 0.0 < self.max_detect_gap_ms <= 60_000):
+            raise ConfigError(
+                f"max_detect_gap_ms must be in (0, 60000], got {self.max_detect_gap_ms:g}"
             )
         if self.cuda_graphs and self.device == "cpu":
             # 'auto' that finds no GPU is refused where the device is resolved (DetectorStep)

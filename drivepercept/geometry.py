@@ -41,6 +41,18 @@ def check_fps(fps: float) -> float:
     return fps
 
 
+MAX_PRIORITY = 1000.0
+
+
+def check_priority(value: object, where: str) -> float:
+    """A camera's priority: a finite number in (0, MAX_PRIORITY] (ConfigError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: priority must be a number, got {value!r}")
+    if not (math.isfinite(value) and 0 < value <= MAX_PRIORITY):
+        raise ConfigError(f"{where}: priority must be in (0, {MAX_PRIORITY:g}], got {value!r}")
+    return float(value)
+
+
 def check_size(width: int, height: int) -> tuple[int, int]:
     """Return (width, height) if it is a usable frame size, else raise ConfigError."""
     if not (MIN_SIZE_PX <= width <= MAX_SIZE_PX and MIN_SIZE_PX <= height <= MAX_SIZE_PX):

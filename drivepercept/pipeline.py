@@ -27,9 +27,10 @@ from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
 from drivepercept.engine.engine import InferenceEngine
-from drivepercept.errors import ConfigError, DrivePerceptError, StageError, one_line, redact
+from drivepercept.errors import ConfigError, DrivePerceptError, StageError, one_line
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
+from drivepercept.schedule import DeadlineScheduler
 from drivepercept.sinks.base import LoadSink, Sink
 from drivepercept.sinks.fanout import OnFailure, SinkPolicy, SinkSet
 from drivepercept.sources.decoder import DecoderThread
@@ -39,7 +40,6 @@ from drivepercept.telemetry.sampler import LoadSampler, gpu_refs
 from drivepercept.types import (
     Batch,
     CameraSnapshot,
-    CameraState,
     DropPolicy,
     FrameResult,
     LoadSample,
@@ -71,6 +71,8 @@ class Pipeline:
         capture_stop: the event that stops capture (shared with live sources, whose reconnect
             waits it interrupts); the pipeline makes its own when none is given.
         stage: runs over each batch's results before the sinks (tracking's `RigTracker`).
+        priorities: each camera's priority for the deadline scheduler (`config.deadline_ms`;
+            default 1 each).
     """
 
     def __init__(
@@ -84,11 +86,14 @@ class Pipeline:
         load_sinks: Sequence[LoadSink] = (),
         capture_stop: threading.Event | None = None,
         stage: Callable[[list[FrameResult]], list[FrameResult]] | None = None,
+        priorities: Sequence[float] | None = None,
     ) -> None:
         if not cameras:
             raise DrivePerceptError("a pipeline needs at least one camera")
         if config.detect_every > 1 and stage is None:  # it answers what the model skips
             raise ConfigError(f"detect_every {config.detect_every} needs a tracking stage")
+        if config.deadline_ms and stage is None:
+            raise ConfigError("a deadline (deadline_ms) needs a tracking stage")
         self.config, self.detector, self.stage = config, detector, stage
         self.device = resolve_device(config.device)
         self.sinks = (
@@ -127,6 +132,16 @@ class Pipeline:
             )
             for i, (name, reader) in enumerate(cameras)
         ]
+        self.scheduler = (  # a deadline: detect or predict, per camera and frame
+            DeadlineScheduler(
+                self.names,
+                budget_ms=config.deadline_ms,
+                priorities=priorities,
+                max_gap_ms=config.max_detect_gap_ms,
+            )
+            if config.deadline_ms
+            else None
+        )
         self._batches: queue.Queue[Batch | None] = queue.Queue(maxsize=config.ring_slots)
         self.batcher = Batcher(
             queues=self.queues,
@@ -138,6 +153,7 @@ class Pipeline:
             free_at=lambda: self.engine.free_at_ns(),  # live: batches made just in time
             align=policy is DropPolicy.BLOCK,  # replay: batches in time order
             detect_every=config.detect_every,
+            scheduler=self.scheduler,
         )
         self.engine = InferenceEngine(
             detector=detector,
@@ -150,6 +166,7 @@ class Pipeline:
             max_batch=len(cameras),
             on_error=self._fail,
             on_end=lambda: self._emit(None),
+            service=self.scheduler.service if self.scheduler is not None else None,
         )
         self.load_sinks = list(load_sinks)
         self.sampler: LoadSampler | None = None
@@ -195,6 +212,8 @@ class Pipeline:
         batch, for what the stage still holds (tracking's frames waiting for their rig step,
         its `flush`). A batch the sinks refuse (closing, an essential output failed) is not
         counted: counts match files."""
+        if results and self.scheduler is not None:  # how late its model batches came
+            self.scheduler.observe(results[0].batch_index, results[0].timing.emitted_ns)
         if self.stage is not None:  # it may hold frames back, or add earlier ones
             results = self.stage(results) if results else getattr(self.stage, "flush", list)()
         if results and self.sinks.dispatch(results):
@@ -239,36 +258,17 @@ class Pipeline:
 
     def _snapshots(self, figures: Sequence[CameraFigures]) -> tuple[CameraSnapshot, ...]:
         dropped = self.queues.dropped()
-        out = []
         corrupt = dict(self.batcher.failed_by_camera)  # frames left out of their batch
-        for i, d in enumerate(self.decoders):
-            left_out = corrupt.get(d.camera_index, 0)
-            reader = d.reader.status()
-            state = reader.state
-            if state is CameraState.STREAMING and d.thread.ident and not d.thread.is_alive():
-                state = CameraState.ENDED  # stopped reading (max_frames, a stop)
-            if isinstance(d.error, Exception):  # its reader or preparation raised
-                state = CameraState.FAILED
-                why = redact(one_line(f"{type(d.error).__name__}: {d.error}"))
-                reader = dataclasses.replace(reader, state=state, last_error=why)
-            out.append(
-                CameraSnapshot(
-                    name=d.camera,
-                    state=state,
-                    frames=figures[i].frames,
-                    dropped=dropped[i],
-                    fps=figures[i].recent_fps,
-                    p95_ms=figures[i].recent_p95_ms,
-                    read=d.frames_read,
-                    short_by=d.short_by,
-                    undecodable=d.undecodable + left_out,
-                    discarded=max(0, d.frames_read - figures[i].frames - dropped[i] - left_out),
-                    reader=reader,
-                    decoded=d.counts.decoded,
-                    prepared=d.counts.prepared,
-                )
+        return tuple(
+            d.snapshot(
+                frames=figures[i].frames,
+                fps=figures[i].recent_fps,
+                p95_ms=figures[i].recent_p95_ms,
+                dropped=dropped[i],
+                left_out=corrupt.get(d.camera_index, 0),
             )
-        return tuple(out)
+            for i, d in enumerate(self.decoders)
+        )
 
     def latest_load(self) -> LoadSample | None:
         """The newest load sample (None without a sampler, or before the first)."""
@@ -440,6 +440,7 @@ class Pipeline:
             telemetry=self.sampler.describe() if self.sampler is not None else None,
             sinks={name: r.as_dict() for name, r in self.sinks.report().items()},
             packing=step.packing,
+            schedule=self.scheduler.figures() if self.scheduler is not None else None,
         )
 
     def progress(self) -> RunProgress:

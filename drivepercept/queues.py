@@ -128,6 +128,18 @@ class CameraQueues:
         self.cond.notify_all()  # room for a blocked decoder
         return item
 
+    def waiting_frames(self, camera: int) -> list[QueuedFrame]:
+        """The frames waiting for a camera, oldest first, left in place."""
+        return [frame for frame, _ in self._queues[camera]]
+
+    def take_oldest(self, camera: int, count: int) -> list[tuple[QueuedFrame, int]]:
+        """The `count` oldest waiting frames of a camera and when each was queued, whatever
+        the policy: none dropped (the deadline scheduler answers each one)."""
+        q = self._queues[camera]
+        taken = [q.popleft() for _ in range(min(count, len(q)))]
+        self.cond.notify_all()  # room for a blocked decoder
+        return taken
+
     def all_done(self) -> bool:
         """Every camera ended and nothing waits."""
         return all(self._ended) and not any(self._queues)

@@ -24,6 +24,7 @@ from drivepercept.geometry import (
     Intrinsics,
     check_camera_count,
     check_fps,
+    check_priority,
     check_size,
 )
 
@@ -48,6 +49,7 @@ class CameraConfig:
     extrinsics: Extrinsics | None = None
     source: str | None = None  # a live source: device index, /dev/videoN or stream URL
     topic: str | None = None  # the image topic read from `video`, a recorded drive (bag, MCAP)
+    priority: float = 1.0  # its detections' weight under a latency budget (`schedule`)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -63,6 +65,7 @@ class CameraConfig:
             check_size(self.width, self.height)
         if self.topic is not None and self.video is None:
             raise ConfigError(f"camera {self.name!r}: a topic is read from a recording (video)")
+        check_priority(self.priority, f"camera {self.name!r}")
 
     @property
     def size(self) -> tuple[int, int] | None:
@@ -110,7 +113,7 @@ SIMULATED_MODEL = "drivepercept-tiny"
 SIMULATOR = "drivepercept simulate"  # the [simulation] generator a simulated rig records
 
 _RIG_KEYS = {"model", "cameras"}
-_CAMERA_KEYS = {"name", "video", "topic", "source", "fps", "width", "height"}
+_CAMERA_KEYS = {"name", "video", "topic", "source", "fps", "width", "height", "priority"}
 _CAMERA_KEYS |= {"intrinsics", "extrinsics"}
 
 
@@ -209,6 +212,7 @@ def _camera_from_table(raw: object, index: int, base_dir: Path) -> CameraConfig:
         extrinsics=extrinsics,
         source=source,
         topic=topic,
+        priority=_number(table, "priority", where) if "priority" in table else 1.0,
     )
 
 
@@ -256,23 +260,16 @@ def _camera_to_table(camera: CameraConfig, base_dir: Path) -> dict[str, Any]:
         with contextlib.suppress(ValueError):
             video = video.resolve().relative_to(base_dir.resolve())
         table["video"] = video.as_posix()
-    if camera.topic is not None:
-        table["topic"] = camera.topic
-    if camera.source is not None:
-        table["source"] = camera.source
-    if camera.fps is not None:
-        table["fps"] = camera.fps
+    given = {"topic": camera.topic, "source": camera.source, "fps": camera.fps}
+    table |= {k: v for k, v in given.items() if v is not None}
+    if camera.priority != 1.0:
+        table["priority"] = camera.priority
     if camera.width is not None and camera.height is not None:
         table["width"] = camera.width
         table["height"] = camera.height
     if camera.intrinsics is not None:
         k = camera.intrinsics
-        table["intrinsics"] = {
-            "fx": round(k.fx, 6),
-            "fy": round(k.fy, 6),
-            "cx": round(k.cx, 6),
-            "cy": round(k.cy, 6),
-        }
+        table["intrinsics"] = {n: round(getattr(k, n), 6) for n in ("fx", "fy", "cx", "cy")}
         if camera.width is not None:
             table["intrinsics"]["hfov_deg"] = round(k.hfov_deg(camera.width), 4)
     if camera.extrinsics is not None:

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from drivepercept.batching import ALIGN_MAX_SPAN_NS, Batcher, TimeAligner
+from drivepercept.alignment import ALIGN_MAX_SPAN_NS, TimeAligner
+from drivepercept.batching import Batcher
 from drivepercept.buffers import StagingRing
 from drivepercept.queues import CameraQueues
 from drivepercept.types import Batch, DropPolicy, Frame, FrameMeta, Letterbox

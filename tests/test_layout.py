@@ -28,7 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": {"types"},
     "sources": {"types", "config", "rig", "geometry", "recording"},
     "queues": {"types", "config"},
-    "batching": {"types", "config", "buffers", "queues"},
+    "batching": {"types", "config", "buffers", "queues", "alignment", "schedule"},
+    "alignment": set(),  # a replay's batches in time order (the batcher's)
+    "schedule": set(),  # the deadline scheduler beside the batcher
     "buffers": {"types", "config"},
     "models": {"types"},
     # (engine -> queues: the stop-aware put every hand-off uses)
@@ -42,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 STAGES = {"types", "geometry", "rig", "config", "rundir", "sources", "queues", "batching"}
 STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads", "recording"}
-STAGES |= {"tracking"}
+STAGES |= {"tracking", "alignment", "schedule"}
 ABOVE = {
     "pipeline": STAGES,
     "run": STAGES | {"pipeline", "report", "eval"},

@@ -212,7 +212,7 @@ def capacity(
     on_step: Callable[[CapacityStep], None] | None = None,
 ) -> CapacityResult:
     """Find how many simulated live cameras of `size` at `fps` this machine serves within
-    `options.budget_ms` (see the module docstring).
+    `options.report_budget_ms` (see the module docstring).
 
     Args:
         options: model and settings (its sources are not used: the cameras are rendered).
@@ -228,7 +228,7 @@ def capacity(
     """
     started = time.monotonic()
     cameras = SyntheticCameras(fps or DEFAULT_FPS, size, step_s or DEFAULT_STEP_S, warmup_s)
-    verdict = Verdict(options.budget_ms)
+    verdict = Verdict(options.report_budget_ms)
     detector = detector or load_model(options)
     with cameras.rendered(CLIPS, detector) as measure:
         found, steps = search_capacity(

@@ -62,7 +62,7 @@ def merged_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str
 
 def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
     sources, settings = merged_settings(args)
-    formats = settings.get("report")
+    formats = settings.get("report", reports.ALL_FORMATS)
     flag = vars(args).get
     reconnect: dict[str, Any] = {k: flag(a) for k, a in RECONNECT.items() if flag(a) is not None}
     return jobs.RunOptions(
@@ -74,12 +74,8 @@ def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
         name=settings.get("name"),
         save_video=bool(settings.get("save_video")),
         mosaic=bool(settings.get("mosaic")),
-        report_formats=reports.ALL_FORMATS
-        if formats is None
-        else reports.parse_formats(formats)
-        if formats
-        else (),
-        budget_ms=float(settings.get("budget_ms", reports.DEFAULT_BUDGET_MS)),
+        report_formats=reports.parse_formats(formats) if formats else (),
+        budget_ms=settings.get("budget_ms"),
         max_gap_s=float(settings.get("max_gap_s", jobs.DEFAULT_MAX_GAP_S)),
         duration_s=flag("duration"),
         reconnect=jobs.ReconnectPolicy(**reconnect),
@@ -90,6 +86,8 @@ def run_options(args: argparse.Namespace, mode: jobs.Mode) -> jobs.RunOptions:
         mcap=settings.get("mcap"),
         mcap_images=bool(settings.get("mcap_images")),
         track=bool(settings.get("track")),
+        schedule=not flag("no_schedule"),
+        priorities=jobs.priorities_setting(settings.get("priority")),
         rerun=jobs.rerun_target(
             flag("rerun"), flag("rerun_connect"), flag("rerun_save"), flag("rerun_serve")
         ),

@@ -51,6 +51,7 @@ import torch
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine import flight as flights
+from drivepercept.engine.busy import BusyClock, ServiceClock
 from drivepercept.engine.device import on_device
 from drivepercept.engine.failures import BatchFailures
 from drivepercept.engine.flight import InFlight, Staged, new_event, new_stream, tensors
@@ -58,7 +59,7 @@ from drivepercept.engine.results import batch_results
 from drivepercept.engine.step import DetectorStep
 from drivepercept.models.base import Detector
 from drivepercept.queues import put_until_stopped, take_until_stopped
-from drivepercept.types import Batch, FrameResult, WarmupRun
+from drivepercept.types import NO_SLOT, Batch, FrameResult, WarmupRun
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class InferenceEngine:
         max_batch: int,
         on_error: Callable[[BaseException], None] | None = None,
         on_end: Callable[[], None] | None = None,
+        service: ServiceClock | None = None,
     ) -> None:
         self.detector = detector
         self.on_end = on_end  # the completion thread's last call (a stage's held results)
@@ -118,11 +120,9 @@ class InferenceEngine:
         self._now_in_flight = 0
         self.in_flight_high_water = 0
         self.failures = BatchFailures()  # batches the model or post-processing raised on
-        # when the compute of the batch being launched began (0: none), and a moving average
-        # of how long one takes: when the engine will be free (`free_at_ns`)
-        self._compute_since_ns = 0
-        self._compute_ema_ns = 0.0
-        self._held = False
+        # when the engine will take its next batch (`free_at_ns`); the deadline scheduler's
+        # measure of the model (each batch's rows and compute time) is fed through it
+        self.busy = BusyClock(inbox, service)
         # On the CPU a staging slot is free once its float copy is taken: replay refills it
         # during compute. Live (drop_oldest) keeps it until the model is done, so that the
         # batcher takes each camera's newest frame just when the engine is free.
@@ -198,7 +198,8 @@ class InferenceEngine:
     def _release(self, staged: Staged) -> None:
         if staged.batch is not None and not staged.released:
             staged.released = True
-            self.ring.release(staged.batch.slot)
+            if staged.batch.slot != NO_SLOT:
+                self.ring.release(staged.batch.slot)
 
     def _batch_failed(self, staged: Staged, exc: Exception) -> None:
         """Set a batch the model raised on aside (see the module docstring).
@@ -270,8 +271,9 @@ class InferenceEngine:
             computed = time.monotonic_ns()
             flight = self._compute(staged)
             if size == self.max_batch and not self.cuda and self.step.compiled is None:
-                self._compute_ema_ns = float(time.monotonic_ns() - computed)
+                self.busy.ema_ns = float(time.monotonic_ns() - computed)
             self._post(flight)
+            self.busy.served(size, flight.times_ns)
             runs.append(WarmupRun(size, (time.perf_counter_ns() - start) / 1e6))
         self.warmup = tuple(runs)
         log.debug("warm-up: %s", ", ".join(f"batch {r.batch_size}: {r.ms:.1f} ms" for r in runs))
@@ -284,7 +286,7 @@ class InferenceEngine:
             self.ready_ns = time.monotonic_ns()
             self.ready.set()
             for batch in take_until_stopped(self.inbox, self.stop):
-                self._held = True  # taken, not yet computing: it counts as waiting
+                self.busy.held = True  # taken, not yet computing: it counts as waiting
                 if not batch.detected:  # every frame predicted: nothing for the model
                     if pending is not None:  # in order: the batch before it first
                         self._launch(pending)
@@ -321,7 +323,7 @@ class InferenceEngine:
         now = time.monotonic_ns()
         staged = Staged(batch, 0, self._no_rows, now, copy_done_ns=now)
         self._release(staged)
-        self._held = False
+        self.busy.held = False
         times = dict.fromkeys(("compute_start", "inference_done", "postprocessed"), now)
         put_until_stopped(self._in_flight, InFlight(staged, [], times_ns=times), self.stop)
 
@@ -333,8 +335,7 @@ class InferenceEngine:
         with self._count_lock:
             self._now_in_flight += 1
             self.in_flight_high_water = max(self.in_flight_high_water, self._now_in_flight)
-        self._compute_since_ns = started = time.monotonic_ns()
-        self._held = False
+        started = self.busy.began(staged.size)
         try:
             flight = self._compute(staged)
         except Exception as exc:
@@ -342,22 +343,12 @@ class InferenceEngine:
             self._batch_failed(staged, exc)
             return
         finally:
-            took = time.monotonic_ns() - started
-            ema = self._compute_ema_ns
-            self._compute_ema_ns = took if ema == 0 else 0.5 * (ema + took)
-            self._compute_since_ns = 0
+            self.busy.ended(time.monotonic_ns() - started)
         put_until_stopped(self._in_flight, flight, self.stop)
 
     def free_at_ns(self) -> int:
-        """When the engine is expected to take its next batch (monotonic ns): the end of
-        the compute in progress and of each batch waiting in its inbox, by their usual
-        duration. On a CPU the launch is the compute; on CUDA launching returns at once, so
-        this is about now: only a CPU engine makes the batcher wait (`Batcher`)."""
-        since, ema = self._compute_since_ns, int(self._compute_ema_ns)
-        now = time.monotonic_ns()
-        free = max(now, since + ema) if since else now
-        waiting = self.inbox.qsize() + (1 if self._held and not since else 0)
-        return free + ema * waiting  # and each batch waiting for it
+        """When the engine is expected to take its next batch (`busy.BusyClock`)."""
+        return self.busy.free_at_ns()
 
     # ------------------------------------------------------------------ completion thread
 
@@ -431,6 +422,7 @@ class InferenceEngine:
                 self._batch_failed(staged, exc)
                 return
             self._landed()  # the device is done with it: the next may be launched
+            self.busy.served(staged.size, flight.times_ns)
         else:  # no rows for the model (`_pass`)
             copy_done = staged.copy_done_ns
         results = batch_results(

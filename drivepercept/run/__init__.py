@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from drivepercept.run.options import ModelOptions as ModelOptions
     from drivepercept.run.options import RunOptions as RunOptions
     from drivepercept.run.options import environment_settings as environment_settings
+    from drivepercept.run.options import priorities_setting as priorities_setting
     from drivepercept.run.options import read_settings_file as read_settings_file
     from drivepercept.run.options import rerun_target as rerun_target
     from drivepercept.run.options import topics_setting as topics_setting

@@ -265,12 +265,11 @@ def run(
     viewer: Sink | None = None
     try:
         det = detector or load_model(options)
-        track = options.track or config.detect_every > 1
-        if track and not options.track:
-            log.warning(
-                "detect every %d frames: tracking is on (its tracks answer the frames between)",
-                config.detect_every,
-            )
+        track = options.track or config.detect_every > 1 or bool(config.deadline_ms)
+        if track and not options.track:  # its tracks answer the frames the model skips
+            why = f"a {config.deadline_ms:g} ms budget to hold" if config.deadline_ms else ""
+            why = why or f"detect every {config.detect_every} frames"
+            log.warning("%s: tracking is on (it answers the frames the model skips)", why)
         tracker = _tracker(cams, options.mode) if track else None
         pipeline = Pipeline(
             cameras=list(zip(names, readers, strict=True)),
@@ -283,6 +282,7 @@ def run(
             or options.rerun is not None,
             capture_stop=capture_stop,
             stage=tracker,
+            priorities=options.camera_priorities(cams),
         )
         if options.metrics_port is not None:
             exporter = MetricsExporter(
@@ -437,6 +437,8 @@ def _report(run_dir: RunDir, options: RunOptions) -> ReportResult | None:
     if not options.report_formats:
         return None
     started = time.monotonic()
-    report = write_report(run_dir.path, formats=options.report_formats, budget_ms=options.budget_ms)
+    report = write_report(
+        run_dir.path, formats=options.report_formats, budget_ms=options.report_budget_ms
+    )
     log.info("report written in %.2f s", time.monotonic() - started)
     return report

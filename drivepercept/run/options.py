@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from drivepercept.choices import DEFAULT_MODEL as DEFAULT_MODEL
 from drivepercept.config import SETTING_KINDS, PipelineConfig, ReconnectPolicy
 from drivepercept.errors import ConfigError
-from drivepercept.geometry import parse_input_size
+from drivepercept.geometry import check_priority, parse_input_size
 from drivepercept.report import ALL_FORMATS, DEFAULT_BUDGET_MS, FORMATS
-from drivepercept.rig import read_toml, rig_model
+from drivepercept.rig import CameraConfig, read_toml, rig_model
 from drivepercept.sources.pacing import DEFAULT_MAX_GAP_S as DEFAULT_MAX_GAP_S
 from drivepercept.sources.pacing import MAX_GAP_LIMIT_S
 from drivepercept.types import CLASS_CHOICES, RUNTIMES, Pacing
@@ -32,8 +32,9 @@ ONNX_KEYS = ("onnx_layout", "onnx_batch", "trt_cache")
 RUN_KEYS = frozenset(
     {"model", "weights", "classes", "input_size", "out", "name", "save_video", "mosaic"}
     | {"budget_ms", "weights_dir", "weights_mirror", *ONNX_KEYS, "runtime", "onnx_cache"}
-    | {"topics", "mcap", "mcap_images", "track", "max_gap_s"}
+    | {"topics", "mcap", "mcap_images", "track", "max_gap_s", "priority"}
 )
+DEADLINE_QUEUE = 8  # frames waiting per camera in a run with a deadline (`Mode.policies`)
 MAX_LINGER_S = 3600.0  # --metrics-linger-s at most: an hour
 # settings a front end takes from the environment (`environment_settings`)
 ENVIRONMENT = {
@@ -72,6 +73,7 @@ _KINDS: dict[str, _Kind] = {
     **dict.fromkeys(("save_video", "mosaic", "mcap_images", "track"), _TYPES["bool"]),
     "budget_ms": _TYPES["float"],
     "max_gap_s": _TYPES["float"],
+    "priority": ("NAME=P,... or a table of camera priorities", (str, dict)),
     "input_size": ("WIDTHxHEIGHT or [width, height]", (str, list)),
     "report": ("a string or a list of strings", (str, list)),
     "sources": ("a list of strings", list),
@@ -149,7 +151,9 @@ class Mode(enum.Enum):
         in_flight = int(settings.get("max_in_flight", 2))
         return {
             "drop_policy": "drop_oldest",
-            "queue_capacity": 1,
+            # with a deadline every frame is answered: a camera's frames wait their turn
+            # (8: 267 ms at 30 frames/s, more than a budget's worth)
+            "queue_capacity": DEADLINE_QUEUE if settings.get("deadline_ms") else 1,
             "max_in_flight": in_flight,
             "ring_slots": in_flight + 1,
         }
@@ -219,7 +223,12 @@ class RunOptions(ModelOptions):
         settings: `PipelineConfig` fields the caller chose; the mode fills in the rest.
         out_root, name: the run folder is out_root/name (name defaults to <mode>-<date>-<time>).
         save_video, mosaic: annotated videos, per camera or tiled.
-        report_formats: the latency report's files (() for none); budget_ms: its deadline.
+        report_formats: the latency report's files (() for none).
+        budget_ms: the p99 capture-to-result latency to hold: live and real-time runs hold
+            it with the deadline scheduler (`drivepercept.schedule`: every frame answered,
+            detected or predicted by the tracker, so tracking is on) unless `schedule` is
+            False; the report marks the frames over it. None: nothing held, and the report's
+            deadline is `DEFAULT_BUDGET_MS` (`report_budget_ms`).
         duration_s: stop capture after this long (None: when the sources end).
         reconnect: live cameras' backoff and timeouts.
         metrics_port: serve Prometheus metrics on 127.0.0.1:port; metrics_linger_s keeps
@@ -237,6 +246,9 @@ class RunOptions(ModelOptions):
             longer gap in its stamps is skipped over, said and counted), and how far apart
             the first stamps of a recording's cameras may be and still play in step
             (`drivepercept.sources.pacing`).
+        schedule: False: a budget only marks the report's deadline misses (`--no-schedule`,
+            for comparisons); a replay as fast as it goes never holds one.
+        priorities: camera name -> priority for the scheduler, over the rig file's.
     """
 
     sources: tuple[str, ...]
@@ -247,7 +259,7 @@ class RunOptions(ModelOptions):
     save_video: bool = False
     mosaic: bool = False
     report_formats: tuple[str, ...] = ALL_FORMATS
-    budget_ms: float = DEFAULT_BUDGET_MS
+    budget_ms: float | None = None
     duration_s: float | None = None
     reconnect: ReconnectPolicy = field(default_factory=ReconnectPolicy)
     metrics_port: int | None = None
@@ -260,6 +272,8 @@ class RunOptions(ModelOptions):
     rerun: RerunTarget | None = None
     track: bool = False
     max_gap_s: float = DEFAULT_MAX_GAP_S
+    schedule: bool = True
+    priorities: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -320,8 +334,13 @@ class RunOptions(ModelOptions):
             raise ConfigError(
                 f"max gap must be > 0 and <= {MAX_GAP_LIMIT_S:g} s, got {self.max_gap_s:g}"
             )
-        if not (math.isfinite(self.budget_ms) and self.budget_ms > 0):
-            raise ConfigError(f"budget must be > 0 ms, got {self.budget_ms:g}")
+        if self.budget_ms is not None and not (
+            isinstance(self.budget_ms, (int, float))
+            and math.isfinite(self.budget_ms)
+            and self.budget_ms > 0
+        ):
+            raise ConfigError(f"budget must be a number of ms > 0, got {self.budget_ms!r}")
+        object.__setattr__(self, "priorities", priorities_setting(self.priorities))
         bad = [f for f in self.report_formats if f not in FORMATS]
         if bad:
             raise ConfigError(f"report formats are {', '.join(ALL_FORMATS)}, got {bad}")
@@ -339,6 +358,25 @@ class RunOptions(ModelOptions):
         return ModelOptions(**{f.name: getattr(self, f.name) for f in _MODEL_FIELDS})
 
     @property
+    def holds_budget(self) -> bool:
+        """Whether the run holds its budget (a live or real-time run given one)."""
+        return self.budget_ms is not None and self.schedule and self.mode is not Mode.REPLAY
+
+    @property
+    def report_budget_ms(self) -> float:
+        """The report's deadline: the budget, else `DEFAULT_BUDGET_MS`."""
+        return float(self.budget_ms) if self.budget_ms is not None else DEFAULT_BUDGET_MS
+
+    def camera_priorities(self, cams: Sequence[CameraConfig]) -> list[float]:
+        """Each camera's priority for the deadline scheduler: `priorities`' (`--priority`),
+        else its rig file's (default 1). ConfigError for a name that is no camera here."""
+        names = [c.name for c in cams]
+        if unknown := sorted(set(self.priorities) - set(names)):
+            known = ", ".join(names)
+            raise ConfigError(f"--priority: no camera {', '.join(unknown)}; cameras are: {known}")
+        return [self.priorities.get(c.name, c.priority) for c in cams]
+
+    @property
     def run_command(self) -> str:
         return self.command or self.mode.command
 
@@ -348,11 +386,31 @@ class RunOptions(ModelOptions):
         Raises:
             ConfigError: a setting is invalid (or names a device that is not there).
         """
-        chosen = {**self.mode.policies(self.settings), **self.settings}
+        settings = dict(self.settings)
+        if self.holds_budget:
+            settings.setdefault("deadline_ms", self.budget_ms)
+        chosen = {**self.mode.policies(settings), **settings}
         try:
             return PipelineConfig(**chosen)
         except TypeError as exc:
             raise ConfigError(f"bad pipeline setting: {exc}") from None
+
+
+def priorities_setting(value: str | Mapping[str, Any] | None) -> dict[str, float]:
+    """`--priority front=3,rear_left=0.5` (or a settings file's table) as camera -> priority;
+    ConfigError for an item that is not NAME=NUMBER, or a priority out of range."""
+    if not isinstance(value, str):
+        return {str(k): check_priority(v, f"camera {k!r}") for k, v in (value or {}).items()}
+    items = {}
+    for item in filter(None, (i.strip() for i in value.split(","))):
+        name, _, number = (part.strip() for part in item.partition("="))
+        try:
+            items[name] = float(number) if name else math.nan
+        except ValueError:
+            items[name] = math.nan
+        if not name or math.isnan(items[name]):
+            raise ConfigError(f"--priority takes NAME=NUMBER items, comma-separated; got {item!r}")
+    return {k: check_priority(v, f"camera {k!r}") for k, v in items.items()}
 
 
 def topics_setting(value: str | list[str] | None) -> tuple[str, ...]:

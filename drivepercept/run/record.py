@@ -252,6 +252,7 @@ def final_record(
         live=live_record(snapshots, cams, live=live),
         summary=stats_summary(stats),
         sinks={name: SinkRecord.from_json(s) for name, s in described.sinks.items()},
+        schedule=described.schedule,
         **changes,
     )
 

@@ -38,6 +38,7 @@ _SECTIONS: dict[str, type | tuple[type, ...]] = {
     "reconnect": dict,
     "sinks": dict,
     "tracking": dict,
+    "schedule": dict,
     "status": str,
     "command": str,
     "mode": str,
@@ -47,7 +48,7 @@ _SECTIONS: dict[str, type | tuple[type, ...]] = {
     "schema_version": int,
 }
 # older readers expect these keys only when they apply
-_ONLY_WHEN_SET = ("live", "reconnect", "duration_s", "sinks", "error", "tracking")
+_ONLY_WHEN_SET = ("live", "reconnect", "duration_s", "sinks", "error", "tracking", "schedule")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ class RunRecord:
     duration_s: float | None = None
     sinks: dict[str, SinkRecord] | None = None
     tracking: TrackingRecord | None = None
+    # a run with a deadline: the scheduler's settings, per camera the frames detected and
+    # predicted and the longest gap between detections, and a timeline per second
+    schedule: JsonObject | None = None
     schema_version: int = RUN_SCHEMA_VERSION
 
     def to_json(self) -> JsonObject:

@@ -15,6 +15,7 @@ decoded, prepared and (the pipeline's count) used.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -26,9 +27,12 @@ from typing import Protocol
 import cv2
 
 from drivepercept.errors import RepeatedWarning, one_line, redact
-from drivepercept.sources.prepare import prepare, prepare_into
+from drivepercept.sources.imagesize import encoded_size, size_refusal
+from drivepercept.sources.prepare import plan_letterbox, prepare, prepare_into
 from drivepercept.sources.readers import CorruptFrameError, FrameReader, RawFrame
 from drivepercept.types import (
+    CameraSnapshot,
+    CameraState,
     Frame,
     FrameMeta,
     ImageU8,
@@ -115,6 +119,39 @@ class DeferredFrame:
             original_bgr=image if self.keep_original else None,
         )
 
+    def meta_only(self) -> FrameMeta:
+        """Its meta without preparing it (the model will not see it): its size read from
+        the encoded frame's header, decoded only when its original pixels are kept (an
+        annotated video) or the header does not say.
+
+        Raises:
+            SourceError: the frame does not decode (when it has to be).
+        """
+        raw = self.raw
+        if raw.refused is not None:
+            raise CorruptFrameError(raw.refused)
+        size = None if raw.decoded or self.keep_original else encoded_size(raw.jpeg or b"")
+        if size is not None and (why := size_refusal(*size)) is not None:
+            raise CorruptFrameError(f"refused before decoding: {why}")
+        image = None
+        if size is None:
+            decoded_before = raw.decoded
+            image = raw.image_bgr
+            self.counts.add(decoded=0 if decoded_before else 1)
+            size = (image.shape[1], image.shape[0])
+        return FrameMeta(
+            camera=self.camera,
+            camera_index=self.camera_index,
+            frame_index=self.frame_index,
+            pts_s=raw.pts_s,
+            stamp_ns=raw.stamp_ns,
+            capture_ns=self.capture_ns,
+            decoded_ns=self.read_ns,
+            preprocessed_ns=self.read_ns,
+            letterbox=plan_letterbox(size, self.spec),
+            original_bgr=image if self.keep_original else None,
+        )
+
 
 class FrameQueues(Protocol):
     """Where decoded frames go: the pipeline's per-camera queues (`queues.CameraQueues`),
@@ -173,6 +210,36 @@ class DecoderThread:
         if self.max_frames:
             count = min(count, self.max_frames) if count > 0 else self.max_frames
         return count if count >= 0 else -1
+
+    def snapshot(
+        self, *, frames: int, fps: float, p95_ms: float, dropped: int, left_out: int
+    ) -> CameraSnapshot:
+        """This camera now, given what the pipeline counted of it: frames answered, recent
+        rate and p95, frames dropped for newer ones and frames left out of their batch
+        (undecodable there)."""
+        reader = self.reader.status()
+        state = reader.state
+        if state is CameraState.STREAMING and self.thread.ident and not self.thread.is_alive():
+            state = CameraState.ENDED  # stopped reading (max_frames, a stop)
+        if isinstance(self.error, Exception):  # its reader or preparation raised
+            state = CameraState.FAILED
+            why = redact(one_line(f"{type(self.error).__name__}: {self.error}"))
+            reader = dataclasses.replace(reader, state=state, last_error=why)
+        return CameraSnapshot(
+            name=self.camera,
+            state=state,
+            frames=frames,
+            dropped=dropped,
+            fps=fps,
+            p95_ms=p95_ms,
+            read=self.frames_read,
+            short_by=self.short_by,
+            undecodable=self.undecodable + left_out,
+            discarded=max(0, self.frames_read - frames - dropped - left_out),
+            reader=reader,
+            decoded=self.counts.decoded,
+            prepared=self.counts.prepared,
+        )
 
     def _prepared(self, got: RawFrame) -> Frame:
         image_bgr = got.image_bgr  # decoded now if the reader handed it over encoded

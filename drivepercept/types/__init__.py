@@ -241,6 +241,14 @@ class Frame(_CarriesMeta):
         np.copyto(row, self.image)
         return self.meta
 
+    def meta_only(self) -> FrameMeta:
+        """The frame's meta, its pixels unused (a frame the model does not see)."""
+        return self.meta
+
+    @property
+    def capture_ns(self) -> int:
+        return self.meta.capture_ns
+
     def __repr__(self) -> str:
         return (
             f"Frame(camera={self.camera!r}, frame_index={self.frame_index}, "
@@ -267,7 +275,15 @@ class QueuedFrame(Protocol):
         a replay's batches are aligned by."""
         ...
 
+    @property
+    def capture_ns(self) -> int: ...
+
     def into(self, row: ImageU8) -> FrameMeta: ...
+
+    def meta_only(self) -> FrameMeta: ...  # no preparation: the model will not see it
+
+
+NO_SLOT = -1  # a batch with no staging rows: every frame of it predicted
 
 
 @dataclass(frozen=True)
@@ -281,7 +297,8 @@ class Batch:
         batched_ns: when the batcher sent it.
         complete: every live camera contributed a frame (False: sent on timeout).
         predicted: how many of the frames, the last ones, the model does not see (a
-            detection interval): the tracking stage answers them.
+            detection interval, the deadline scheduler): the tracking stage answers them.
+            A batch of predicted frames only may have no staging slot (`NO_SLOT`).
     """
 
     batch_index: int
@@ -296,6 +313,8 @@ class Batch:
             raise ValueError("a batch holds at least one frame")
         if not 0 <= self.predicted <= len(self.frames):
             raise ValueError(f"predicted must be 0..{len(self.frames)}, got {self.predicted}")
+        if self.slot == NO_SLOT and self.predicted != len(self.frames):
+            raise ValueError("a batch without a staging slot holds predicted frames only")
 
     @property
     def size(self) -> int:

@@ -45,6 +45,8 @@ class PipelineDescription:
         telemetry: the load sampler's findings (rate, GPUs, why GPU metrics are unavailable,
             samples so far), None without a sampler.
         sinks: each result writer's report so far, by name.
+        schedule: the deadline scheduler's decisions so far (`DeadlineScheduler.figures`),
+            None without a deadline.
     """
 
     config: dict[str, Any]
@@ -55,3 +57,4 @@ class PipelineDescription:
     telemetry: dict[str, Any] | None
     sinks: dict[str, Any]
     packing: str = ""
+    schedule: dict[str, Any] | None = None

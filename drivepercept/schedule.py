@@ -1,0 +1,287 @@
+"""The deadline scheduler: per camera and frame, detect or predict, so that every frame is
+answered within a latency budget even when the machine is short.
+
+It sits beside the batcher (`batching.Batcher` asks it, once a batch round, which cameras'
+newest frames the model sees; every other frame taken that round is answered by the
+tracking stage with its tracks moved on to the frame's capture time). It knows:
+
+- the engine's service time, measured as it runs (`ServiceTimes`: each model batch's rows
+  and compute time; a line through them, scaled by how far the latest batches ran over it,
+  so that a machine that turns slow, another process or throttling, is seen within a few
+  batches);
+- how late the answers actually came against its estimates (`observe`: their
+  97th percentile is kept as a margin, which takes in what it does not
+  model: preparation, post-processing, the completion thread);
+- each camera's priority (rig.toml `priority`, default 1) and when its last detected frame
+  was captured.
+
+A round (`choose`): the cameras whose frame must be detected come first (its first frame,
+after a reconnect, or the camera has gone `max_gap_ms` without a detection: the starvation
+bound); then the others by priority times how long each has gone without a detection. A
+camera joins the batch when every detected frame of it would still be answered within the
+budget (less the margin); the frames predicted meanwhile are answered as soon as the batch
+before them is out, so they are in time too. A camera that does not fit is predicted this
+round and waits its turn, which comes sooner the longer it waits.
+
+Its decisions are data (`figures`): per camera the frames detected and predicted, the
+longest gap between detections, and a timeline per second, bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SERVICE_SAMPLES = 24  # model batches the service-time line is fitted over
+RECENT_SAMPLES = 8  # of them, the latest, whose overrun scales the line
+ERRORS_KEPT = 48  # answers whose lateness against the estimate sets the margin
+# the margin: this percentile of those errors (the target is a p99: a frame answered late
+# one time in 20 is too often; on a busy 2-core host the 90th let 2-4 % of frames through)
+MARGIN_PERCENTILE = 97
+TIMELINE_KEPT = 3600  # seconds of decisions kept for the timeline (an hour)
+DEFAULT_MAX_GAP_MS = 1000.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A camera's frame the model may see this round."""
+
+    camera: int
+    capture_ns: int
+    forced: bool = False  # must be detected (first frame, reconnect, starvation bound)
+
+
+@dataclass
+class _Second:
+    """One second of decisions (the timeline)."""
+
+    t_s: float
+    detected: list[int]
+    predicted: list[int]
+    service_ms: list[float] = field(default_factory=list)
+    margin_ms: float = 0.0
+
+
+class ServiceTimes:
+    """The engine's model batches as measured (rows, ns): an estimate of the next one's
+    compute time for a number of rows. Thread-safe (the engine adds, the batcher reads)."""
+
+    def __init__(self) -> None:
+        self._samples: collections.deque[tuple[int, int]] = collections.deque(
+            maxlen=SERVICE_SAMPLES
+        )
+        self._lock = threading.Lock()
+
+    def add(self, rows: int, ns: int) -> None:
+        if rows > 0 and ns > 0:
+            with self._lock:
+                self._samples.append((rows, ns))
+
+    def estimate_ns(self, rows: int) -> float:
+        """The compute time of a batch of `rows`: the line through the kept batches (rows,
+        time), scaled by the largest overrun of the latest ones over it; 0 with none."""
+        if rows <= 0:
+            return 0.0
+        with self._lock:
+            samples = list(self._samples)
+        if not samples:
+            return 0.0
+        d = np.array([s[0] for s in samples], np.float64)
+        t = np.array([s[1] for s in samples], np.float64)
+        intercept, slope = 0.0, float((t / d).mean())
+        if len(np.unique(d)) >= 2:
+            slope, intercept = (float(v) for v in np.polyfit(d, t, 1))
+            if slope < 0:  # noise: a flat line
+                slope, intercept = 0.0, float(t.mean())
+            elif intercept < 0:  # through the origin
+                slope, intercept = float((t * d).sum() / (d * d).sum()), 0.0
+        fitted = np.maximum(intercept + slope * d, 1.0)
+        overrun = float((t / fitted)[-RECENT_SAMPLES:].max())
+        return (intercept + slope * rows) * min(max(overrun, 0.5), 4.0)
+
+
+class DeadlineScheduler:
+    """See the module docstring. The batcher calls `choose`, the engine `service.add`, the
+    completion side `observe`; `figures` may be read from any thread."""
+
+    def __init__(
+        self,
+        cameras: Sequence[str],
+        *,
+        budget_ms: float,
+        priorities: Sequence[float] | None = None,
+        max_gap_ms: float = DEFAULT_MAX_GAP_MS,
+    ) -> None:
+        if not (math.isfinite(budget_ms) and budget_ms > 0):
+            raise ValueError(f"budget_ms must be a positive number, got {budget_ms!r}")
+        if not (math.isfinite(max_gap_ms) and max_gap_ms > 0):
+            raise ValueError(f"max_gap_ms must be a positive number, got {max_gap_ms!r}")
+        self.cameras = tuple(cameras)
+        n = len(self.cameras)
+        self.priorities = tuple(float(p) for p in (priorities or [1.0] * n))
+        if len(self.priorities) != n or not all(
+            math.isfinite(p) and 0 < p <= 1000.0 for p in self.priorities
+        ):
+            raise ValueError(f"priorities must be {n} numbers in (0, 1000]")
+        self.budget_ns = budget_ms * 1e6
+        self.max_gap_ns = max_gap_ms * 1e6
+        self.service = ServiceTimes()
+        self._lock = threading.Lock()
+        self._last_detected_ns: list[int | None] = [None] * n  # capture time
+        self._longest_gap_ns = [0] * n
+        self._detected = [0] * n
+        self._predicted = [0] * n
+        self._forced = [0] * n
+        self._errors: collections.deque[float] = collections.deque(maxlen=ERRORS_KEPT)
+        self._expected: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._timeline: collections.deque[_Second] = collections.deque(maxlen=TIMELINE_KEPT)
+        self._start_ns: int | None = None
+
+    # ------------------------------------------------------------------ deciding
+
+    def margin_ns(self) -> float:
+        """How much later than estimated the latest answers came (`MARGIN_PERCENTILE`, at
+        least 0, at most half the budget)."""
+        with self._lock:
+            errors = list(self._errors)
+        if not errors:
+            return 0.0
+        return float(min(max(np.percentile(errors, MARGIN_PERCENTILE), 0.0), self.budget_ns / 2))
+
+    def has_detected(self, camera: int) -> bool:
+        """Whether a frame of the camera has been sent to the model."""
+        with self._lock:
+            return self._last_detected_ns[camera] is not None
+
+    def due(self, camera: int, capture_ns: int) -> bool:
+        """Whether a camera's frame must be detected: none of it yet, or its last detected
+        frame is `max_gap_ms` older (the starvation bound)."""
+        with self._lock:
+            last = self._last_detected_ns[camera]
+        return last is None or capture_ns - last >= self.max_gap_ns
+
+    def choose(
+        self, candidates: Sequence[Candidate], *, now_ns: int, start_ns: int, prepare_ns: float
+    ) -> list[int]:
+        """The cameras (of `candidates`, one frame each) whose frame the model sees in the
+        batch that starts computing at `start_ns` after `prepare_ns` of preparation; the
+        others are predicted. Forced ones are always in."""
+        slack = self.budget_ns - self.margin_ns()
+        start = max(now_ns, start_ns) + prepare_ns
+        chosen = [c for c in candidates if c.forced]
+        with self._lock:
+            last = list(self._last_detected_ns)
+
+        def waited(c: Candidate) -> float:
+            since = last[c.camera]
+            return self.priorities[c.camera] * (now_ns - since if since is not None else 1e18)
+
+        for cand in sorted((c for c in candidates if not c.forced), key=waited, reverse=True):
+            trial = [*chosen, cand]
+            done = start + self.service.estimate_ns(len(trial))
+            if all(done - c.capture_ns <= slack for c in trial if not c.forced):
+                chosen = trial
+        return [c.camera for c in chosen]
+
+    def decided(
+        self,
+        *,
+        batch_index: int | None,
+        detected: Sequence[tuple[int, int]],
+        predicted: Sequence[int],
+        forced: Sequence[int],
+        expected_done_ns: int,
+        now_ns: int,
+    ) -> None:
+        """Record a round: `detected` (camera, capture ns) in model batch `batch_index`
+        (None: none), of them the cameras `forced`, the cameras of the frames `predicted`,
+        and when the model batch's answers are expected."""
+        with self._lock:
+            if self._start_ns is None:
+                self._start_ns = now_ns
+            for cam, capture in detected:
+                before = self._last_detected_ns[cam]
+                if before is not None:
+                    self._longest_gap_ns[cam] = max(self._longest_gap_ns[cam], capture - before)
+                self._last_detected_ns[cam] = capture if before is None else max(capture, before)
+                self._detected[cam] += 1
+            for cam in predicted:
+                self._predicted[cam] += 1
+            for cam in forced:
+                self._forced[cam] += 1
+            if batch_index is not None and detected:
+                self._expected[batch_index] = expected_done_ns
+                while len(self._expected) > 64:  # answers that never came (a failed batch)
+                    self._expected.popitem(last=False)
+            second = self._second(now_ns)
+            for cam, _ in detected:
+                second.detected[cam] += 1
+            for cam in predicted:
+                second.predicted[cam] += 1
+        if detected:
+            estimate = self.service.estimate_ns(len(detected)) / 1e6
+            with self._lock:
+                second.service_ms.append(estimate)
+
+    def _second(self, now_ns: int) -> _Second:
+        """With the lock held: the timeline's entry for the second of `now_ns`."""
+        start = self._start_ns if self._start_ns is not None else now_ns
+        t_s = float(math.floor((now_ns - start) / 1e9))
+        if not self._timeline or t_s > self._timeline[-1].t_s:
+            n = len(self.cameras)
+            self._timeline.append(_Second(t_s, [0] * n, [0] * n))
+        return self._timeline[-1]
+
+    def observe(self, batch_index: int, emitted_ns: int) -> None:
+        """A model batch's answers came out at `emitted_ns`: how late against the estimate
+        (the margin's data)."""
+        with self._lock:
+            expected = self._expected.pop(batch_index, None)
+            if expected is None:
+                return
+            self._errors.append(float(emitted_ns - expected))
+        margin = self.margin_ns() / 1e6
+        with self._lock:
+            if self._timeline:
+                self._timeline[-1].margin_ms = max(self._timeline[-1].margin_ms, margin)
+
+    # ------------------------------------------------------------------ reporting
+
+    def figures(self) -> dict[str, object]:
+        """What run.json keeps of the schedule: settings, per camera counts and the longest
+        gap between detections (capture times), and the timeline per second."""
+        with self._lock:
+            cams = {
+                name: {
+                    "priority": self.priorities[i],
+                    "detected": self._detected[i],
+                    "predicted": self._predicted[i],
+                    "detected_share": round(
+                        self._detected[i] / max(1, self._detected[i] + self._predicted[i]), 4
+                    ),
+                    "forced": self._forced[i],
+                    "longest_gap_ms": round(self._longest_gap_ns[i] / 1e6, 3),
+                }
+                for i, name in enumerate(self.cameras)
+            }
+            timeline = [
+                {
+                    "t_s": s.t_s,
+                    "detected": list(s.detected),
+                    "predicted": list(s.predicted),
+                    "service_ms": round(max(s.service_ms), 3) if s.service_ms else None,
+                    "margin_ms": round(s.margin_ms, 3),
+                }
+                for s in self._timeline
+            ]
+        return {
+            "budget_ms": self.budget_ns / 1e6,
+            "max_gap_ms": self.max_gap_ns / 1e6,
+            "cameras": cams,
+            "timeline": timeline,
+        }

@@ -1,0 +1,304 @@
+"""The deadline scheduler (issue 45): per camera and frame, detect or predict, so that every
+frame is answered within a latency budget; priorities, the starvation bound, bad input."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from drivepercept.batching import Batcher
+from drivepercept.buffers import StagingRing
+from drivepercept.config import PipelineConfig
+from drivepercept.errors import ConfigError
+from drivepercept.queues import CameraQueues
+from drivepercept.schedule import Candidate, DeadlineScheduler, ServiceTimes
+from drivepercept.types import NO_SLOT, Batch, DropPolicy, Frame, FrameMeta, Letterbox
+
+Cli = Callable[[list[str]], tuple[int, str]]
+SAMPLE = Path(__file__).resolve().parents[1] / "sample_videos"
+MS = 1_000_000
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _scheduler(cameras: int = 3, **kw: Any) -> DeadlineScheduler:
+    return DeadlineScheduler([f"c{i}" for i in range(cameras)], budget_ms=100.0, **kw)
+
+
+def _fed(s: DeadlineScheduler, ms_per_row: float) -> DeadlineScheduler:
+    for rows in (1, 2, 3, 4, 6):
+        s.service.add(rows, int(rows * ms_per_row * MS))
+    return s
+
+
+def test_service_time_is_a_line_through_the_batches_scaled_by_the_latest_overrun() -> None:
+    clock = ServiceTimes()
+    assert clock.estimate_ns(3) == 0.0  # nothing measured: nothing assumed
+    for rows in (1, 2, 4, 6):
+        clock.add(rows, (5 + 10 * rows) * MS)  # 5 ms a batch, 10 ms a row
+    assert clock.estimate_ns(3) / MS == pytest.approx(35, rel=0.02)
+    assert clock.estimate_ns(0) == 0.0
+    # the machine turns twice as slow (another process): the next estimate says so at once
+    clock.add(2, 50 * MS)
+    assert clock.estimate_ns(2) / MS == pytest.approx(50, rel=0.05)
+
+
+def test_frames_that_fit_the_budget_are_detected_and_one_that_cannot_is_not() -> None:
+    s = _fed(_scheduler(), ms_per_row=10.0)
+    now = 10_000 * MS
+    fresh = [Candidate(c, now) for c in range(3)]
+    assert s.choose(fresh, now_ns=now, start_ns=now, prepare_ns=0) == [0, 1, 2]
+    # a frame 95 ms old cannot be answered within 100 ms by a 10 ms model: predicted
+    stale = [Candidate(0, now), Candidate(1, now - 95 * MS), Candidate(2, now)]
+    assert sorted(s.choose(stale, now_ns=now, start_ns=now, prepare_ns=0)) == [0, 2]
+    # an engine busy for 85 ms more leaves room for one fresh frame only
+    assert len(s.choose(fresh, now_ns=now, start_ns=now + 85 * MS, prepare_ns=0)) == 1
+    # a forced one (first frame, starvation bound) is in whatever the budget says
+    late = [Candidate(1, now - 300 * MS, forced=True)]
+    assert s.choose(late, now_ns=now, start_ns=now, prepare_ns=0) == [1]
+
+
+def test_priorities_share_the_model_in_proportion_and_none_starves() -> None:
+    # given two cameras, priority 3 and 1, and room for one detection a round
+    s = _fed(_scheduler(2, priorities=[3.0, 1.0]), ms_per_row=60.0)
+    counts = [0, 0]
+    last = [0, 0]
+    gaps = [0, 0]
+    now = 1_000 * MS
+    for _ in range(400):
+        now += 67 * MS
+        chosen = s.choose(
+            [Candidate(0, now), Candidate(1, now)], now_ns=now, start_ns=now, prepare_ns=0
+        )
+        assert len(chosen) == 1
+        cam = chosen[0]
+        counts[cam] += 1
+        gaps[cam] = max(gaps[cam], now - last[cam]) if last[cam] else 0
+        last[cam] = now
+        s.decided(
+            batch_index=None, detected=[(cam, now)], predicted=[1 - cam], forced=[],
+            expected_done_ns=now, now_ns=now,
+        )  # fmt: skip
+    # then the front camera is detected about three times as often, the other still often
+    assert 2.5 <= counts[0] / counts[1] <= 3.5, counts
+    assert gaps[1] <= 5 * 67 * MS, gaps
+    figures = s.figures()
+    cams = figures["cameras"]
+    assert isinstance(cams, dict)
+    assert cams["c0"]["detected"] == counts[0] and cams["c1"]["predicted"] == counts[0]
+    assert cams["c1"]["longest_gap_ms"] == pytest.approx(gaps[1] / MS)
+    timeline = figures["timeline"]
+    assert isinstance(timeline, list) and len(timeline) >= 25  # one entry a second
+    assert sum(t["detected"][0] + t["detected"][1] for t in timeline) == 400
+
+
+def test_the_starvation_bound_makes_a_frame_due() -> None:
+    s = _scheduler(2, max_gap_ms=500.0)
+    assert s.due(0, 0) and not s.has_detected(0)  # nothing yet: detected first
+    s.decided(
+        batch_index=None, detected=[(0, 1_000 * MS)], predicted=[], forced=[0],
+        expected_done_ns=0, now_ns=1_000 * MS,
+    )  # fmt: skip
+    assert s.has_detected(0)
+    assert not s.due(0, 1_499 * MS)
+    assert s.due(0, 1_500 * MS)
+
+
+def test_the_margin_learns_how_late_answers_come_and_is_bounded() -> None:
+    s = _scheduler(1)
+    for k in range(40):
+        s.decided(
+            batch_index=k, detected=[(0, k * MS)], predicted=[], forced=[],
+            expected_done_ns=k * MS, now_ns=k * MS,
+        )  # fmt: skip
+        s.observe(k, k * MS + 20 * MS)  # every answer 20 ms later than estimated
+    assert s.margin_ns() / MS == pytest.approx(20.0)
+    s.decided(
+        batch_index=99, detected=[(0, 0)], predicted=[], forced=[], expected_done_ns=0, now_ns=0
+    )
+    for _ in range(48):
+        s.decided(
+            batch_index=99, detected=[(0, 0)], predicted=[], forced=[], expected_done_ns=0,
+            now_ns=0,
+        )  # fmt: skip
+        s.observe(99, 10_000 * MS)  # absurdly late: the margin is at most half the budget
+    assert s.margin_ns() / MS == pytest.approx(50.0)
+
+
+def _frame(camera: int, index: int, capture_ns: int) -> Frame:
+    box = Letterbox((8, 8), (8, 8), 1.0, 1.0, 0.0, 0.0)
+    meta = FrameMeta(f"c{camera}", camera, index, index / 15, capture_ns, capture_ns, 0, box)
+    return Frame(meta, np.full((8, 8, 3), 10 * camera + index, np.uint8))
+
+
+def test_a_round_answers_every_waiting_frame_predicted_ones_first_without_rows() -> None:
+    # given 3 live cameras with 3, 2 and 1 frames waiting and a model of 10 ms a row
+    cameras = 3
+    stop = threading.Event()
+    qs = CameraQueues(
+        [f"c{i}" for i in range(cameras)], capacity=8, policy=DropPolicy.DROP_OLDEST
+    )
+    ring = StagingRing(slots=4, max_batch=cameras, height=8, width=8, pin_memory=False)
+    out: queue.Queue[Batch | None] = queue.Queue(maxsize=8)
+    scheduler = _fed(_scheduler(cameras), ms_per_row=10.0)
+    batcher = Batcher(
+        queues=qs, ring=ring, out=out, timeout_ms=5, stop=stop, scheduler=scheduler,
+        free_at=time.monotonic_ns,
+    )  # fmt: skip
+    now = time.monotonic_ns()
+    for cam, count in enumerate((3, 2, 1)):
+        for k in range(count):
+            qs.put(cam, _frame(cam, k, now - (count - k) * 5 * MS), stop=stop)
+    for cam in range(cameras):
+        qs.end(cam)
+    batcher.start()
+    batches = []
+    while (item := out.get(timeout=10)) is not None:
+        batches.append(item)
+        if item.slot != NO_SLOT:
+            rows = ring.arrays[item.slot]
+            for row, meta in enumerate(item.frames[: item.detected]):
+                assert rows[row, 0, 0, 0] == 10 * meta.camera_index + meta.frame_index
+            ring.release(item.slot)
+    batcher.thread.join(timeout=2)
+    # then every frame is answered once and none was dropped
+    seen = [(m.camera_index, m.frame_index) for b in batches for m in b.frames]
+    assert sorted(seen) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0)]
+    assert qs.dropped() == [0, 0, 0]
+    # and each camera's first frame went to the model (nothing to predict from before it)
+    detected = [(m.camera_index, m.frame_index) for b in batches for m in b.frames[: b.detected]]
+    assert {(0, 0), (1, 0), (2, 0)} <= set(detected)
+    # and a batch of predicted frames has no staging slot and one frame a camera
+    for b in batches:
+        if b.slot == NO_SLOT:
+            assert b.predicted == b.size
+            assert len(set(b.cameras)) == b.size
+    # and per camera the frames come out in order
+    by_camera: dict[int, list[int]] = defaultdict(list)
+    for cam, k in seen:
+        by_camera[cam].append(k)
+    assert all(v == sorted(v) for v in by_camera.values())
+
+
+def test_a_deadline_is_for_live_and_real_time_runs() -> None:
+    with pytest.raises(ConfigError, match="live and real-time"):
+        PipelineConfig(deadline_ms=100.0)  # replay's block policy
+    PipelineConfig(deadline_ms=100.0, drop_policy="drop_oldest")
+    for bad in (-1.0, float("nan"), 1e9):
+        with pytest.raises(ConfigError, match="deadline_ms"):
+            PipelineConfig(deadline_ms=bad, drop_policy="drop_oldest")
+    with pytest.raises(ConfigError, match="max_detect_gap_ms"):
+        PipelineConfig(max_detect_gap_ms=0.0)
+
+
+def _run(in_process: Cli, tmp_path: Path, name: str, *extra: str) -> tuple[int, str]:
+    return in_process(
+        ["replay", str(SAMPLE / "rig.toml"), "--realtime", "--model", "drivepercept-tiny",
+         "--max-frames", "30", "--out", str(tmp_path), "--name", name, "--no-progress",
+         "--report", "json", *extra]
+    )  # fmt: skip
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_real_time_run_with_a_budget_answers_every_frame(in_process: Cli, tmp_path: Path) -> None:
+    # given the sample rig (6 cameras at 15 fps) paced as live, 30 frames each, a budget
+    code, err = _run(in_process, tmp_path, "b", "--budget-ms", "100", "--priority", "front=3")
+    assert code == 0, err
+    assert err.count("a 100 ms budget to hold: tracking is on") == 1
+    lines = _lines(tmp_path / "b" / "detections.jsonl")
+    # then every frame of every camera has its line, once: none dropped for a newer one
+    keys = [(ln["camera"], ln["frame_index"]) for ln in lines]
+    assert len(keys) == len(set(keys)) == 6 * 30
+    record = json.loads((tmp_path / "b" / "run.json").read_text())
+    assert all(c["dropped"] == 0 for c in record["summary"]["cameras"].values())
+    # and each camera's first frame was detected, the rest detected or predicted
+    schedule = record["schedule"]
+    assert schedule["budget_ms"] == 100.0 and record["config"]["deadline_ms"] == 100.0
+    for camera, figures in schedule["cameras"].items():
+        first = next(ln for ln in lines if ln["camera"] == camera and ln["frame_index"] == 0)
+        assert not first.get("predicted"), camera
+        predicted = sum(1 for ln in lines if ln["camera"] == camera and ln.get("predicted"))
+        assert figures["predicted"] == predicted
+        assert figures["detected"] + figures["predicted"] == 30
+        assert figures["longest_gap_ms"] <= 1000.0 + 67.0 + 5.0, (camera, figures)
+    assert schedule["cameras"]["front"]["priority"] == 3.0
+    assert schedule["timeline"] and len(schedule["timeline"][0]["detected"]) == 6
+
+
+def test_no_camera_goes_longer_than_its_bound_without_a_detection(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    # given a budget no model meets (1 ms) and a starvation bound of 400 ms
+    (tmp_path / "s.toml").write_text("max_detect_gap_ms = 400.0\n")
+    code, err = _run(
+        in_process, tmp_path, "s", "--budget-ms", "1", "--config", str(tmp_path / "s.toml")
+    )
+    assert code == 0, err
+    lines = _lines(tmp_path / "s" / "detections.jsonl")
+    assert len(lines) == 6 * 30
+    # then each camera is detected only when due: first, then once each 400 ms or so
+    detected: dict[str, list[float]] = defaultdict(list)
+    for ln in lines:
+        if not ln.get("predicted"):
+            detected[ln["camera"]].append(ln["pts_s"])
+    period_s = 1 / 15
+    for camera, times in detected.items():
+        times.sort()
+        gaps = np.diff(times)
+        assert times[0] == 0.0
+        assert gaps.max() <= 0.4 + period_s + 1e-6, (camera, times)  # the bound, one frame
+        assert 4 <= len(times) <= 8, (camera, times)  # 2 s: never all, never none
+    schedule = json.loads((tmp_path / "s" / "run.json").read_text())["schedule"]
+    for figures in schedule["cameras"].values():
+        assert figures["forced"] == figures["detected"]  # nothing else fit the budget
+        assert figures["longest_gap_ms"] <= 400.0 + 67.0 + 5.0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--budget-ms", "0"], "budget must be a number of ms > 0"),
+        (["--budget-ms", "-5"], "budget must be a number of ms > 0"),
+        (["--budget-ms", "nan"], "expected a finite number"),
+        (["--budget-ms", "inf"], "expected a finite number"),
+        (["--budget-ms", "fast"], "expected a number"),
+        (["--budget-ms", "100", "--priority", "front=high"], "NAME=NUMBER"),
+        (["--budget-ms", "100", "--priority", "front=0"], "priority must be in (0, 1000]"),
+        (["--budget-ms", "100", "--priority", "nosuch=2"], "--priority: no camera nosuch"),
+    ],
+)
+def test_a_bad_budget_or_priority_is_one_line_and_exit_2(
+    in_process: Cli, tmp_path: Path, args: list[str], says: str
+) -> None:
+    code, err = _run(in_process, tmp_path / "out", "bad", *args)
+    assert code == 2, err
+    assert says in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+
+
+def test_a_rig_file_priority_that_is_not_a_number_is_one_line_and_exit_2(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    rig = (SAMPLE / "rig.toml").read_text()
+    assert 'name = "front"\n' in rig
+    bad = rig.replace('name = "front"\n', 'name = "front"\npriority = "high"\n', 1)
+    bad = bad.replace('video = "', f'video = "{SAMPLE}/')
+    (tmp_path / "rig.toml").write_text(bad)
+    code, err = in_process(
+        ["replay", str(tmp_path / "rig.toml"), "--realtime", "--budget-ms", "100",
+         "--out", str(tmp_path / "out"), "--no-progress"]
+    )  # fmt: skip
+    assert code == 2, err
+    assert "priority must be a number, got 'high'" in err and "Traceback" not in err
