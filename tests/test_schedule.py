@@ -144,9 +144,7 @@ def test_a_round_answers_every_waiting_frame_predicted_ones_first_without_rows()
     # given 3 live cameras with 3, 2 and 1 frames waiting and a model of 10 ms a row
     cameras = 3
     stop = threading.Event()
-    qs = CameraQueues(
-        [f"c{i}" for i in range(cameras)], capacity=8, policy=DropPolicy.DROP_OLDEST
-    )
+    qs = CameraQueues([f"c{i}" for i in range(cameras)], capacity=8, policy=DropPolicy.DROP_OLDEST)
     ring = StagingRing(slots=4, max_batch=cameras, height=8, width=8, pin_memory=False)
     out: queue.Queue[Batch | None] = queue.Queue(maxsize=8)
     scheduler = _fed(_scheduler(cameras), ms_per_row=10.0)
