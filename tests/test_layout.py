@@ -83,7 +83,7 @@ def _imports(path: Path) -> set[str]:
     return {name.split(".")[1] for name in _imported_modules(path)}
 
 
-def test_no_module_is_over_450_lines_and_the_cli_is_under_700() -> None:
+def test_no_module_is_over_450_lines_and_the_cli_is_under_720() -> None:
     sizes = {
         str(p.relative_to(PACKAGE)): len(p.read_text().splitlines())
         for p in _modules()
@@ -93,9 +93,10 @@ def test_no_module_is_over_450_lines_and_the_cli_is_under_700() -> None:
     # the front door stays thin: flags, a call, printing (600 made room for issue 14's speed
     # options and bench modes, 498 lines before them; 700 for two more commands, `fleet` and
     # `quantize`, and the ONNX model flags, at 583 before them: ~20 lines a command's flags,
-    # examples and handler, the work in fleet/ and run/)
+    # examples and handler, the work in fleet/ and run/; 720 for issue 45's deadline flags,
+    # --budget-ms on eval, --no-schedule, --priority, at 696 before them)
     cli = sum(n for m, n in sizes.items() if m.startswith("cli"))
-    assert cli < 700, cli
+    assert cli < 720, cli
 
 
 @pytest.mark.parametrize("layer", sorted({**ALLOWED, **ABOVE}))

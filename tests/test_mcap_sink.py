@@ -3,6 +3,7 @@ detections.jsonl."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -228,6 +229,30 @@ def test_latency_topic_per_camera_holds_the_stage_spans(tmp_path: Path) -> None:
     spans = [first[name] for name, _, _ in LATENCY_SPANS]
     assert sum(spans) == pytest.approx(first["end_to_end_ms"])
     assert first["detections"] == 1 and first["batch_size"] == 2
+
+
+def test_a_predicted_frame_is_marked_thinner_and_labelled(tmp_path: Path) -> None:
+    # given the back camera's frame 1 answered by the tracker (the model did not see it)
+    results = _results()
+    k = next(i for i, r in enumerate(results) if r.camera == "back" and r.frame_index == 1)
+    det = results[k].detections
+    guessed = Detections(det.xyxy, det.scores, det.labels, det.class_names, predicted=True)
+    results[k] = dataclasses.replace(results[k], detections=guessed)
+    path = tmp_path / "run.mcap"
+    with McapSink(path, cameras=CAMERAS) as sink:
+        for r in results:
+            sink.write(r)
+    read = _read(path)
+    # then its boxes say so, drawn thinner; the model's are not marked
+    for message in read.on(TOPICS["back"]):
+        texts = [t["text"] for t in message.body["texts"]]
+        widths = {p["thickness"] for p in message.body["points"]}
+        if message.log_time == results[k].stamp_ns:
+            assert texts == [f"{t} predicted" for t in _labels(det)] and widths == {1.0}
+        else:
+            assert not any("predicted" in t for t in texts) and widths <= {2.0}
+    flags = [m.body["predicted"] for m in read.on("/drivepercept/latency/back")]
+    assert flags == [0, 1, 0]
 
 
 def test_latency_spans_are_the_reports_stage_spans() -> None:

@@ -234,6 +234,7 @@ def build_parser() -> Parser:
         ("--track", "const", "track, and score HOTA, MOTA, IDF1, same-id share, ego error"),
         ("--streaming", "store_true", "replay in real time: streaming AP beside offline AP"),
         ("--forecast", "store_true", "streaming, boxes forecast to capture time (tracks)"),
+        ("--budget-ms", real, "streaming: the p99 latency budget the scheduler holds"),
     )
     ev.add_argument("--min-visibility", type=real, default=0.3, help="(default 0.3)")
     ev.add_argument("--min-height-px", type=real, default=12.0, help="(default 12)")

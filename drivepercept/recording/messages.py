@@ -273,9 +273,12 @@ def image_annotations(
     boxes_xyxy: npt.NDArray[np.floating[Any]],
     labels: Sequence[str],
     colors: Sequence[tuple[float, float, float]],
+    *,
+    thickness: float = 2.0,
 ) -> dict[str, Any]:
     """A `foxglove.ImageAnnotations`: each box a closed outline in image pixels with its
-    label (class and score) written above its top-left corner, in the box's colour."""
+    label (class and score) written above its top-left corner, in the box's colour, its line
+    `thickness` pixels wide."""
     stamp = foxglove_time(stamp_ns)
     points, texts = [], []
     for (x1, y1, x2, y2), label, rgb in zip(
@@ -294,7 +297,7 @@ def image_annotations(
                 "outline_color": _rgba(rgb),
                 "outline_colors": [],
                 "fill_color": _rgba(rgb, 0.0),
-                "thickness": 2.0,
+                "thickness": thickness,
             }
         )
         texts.append(

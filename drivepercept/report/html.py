@@ -231,6 +231,54 @@ def tracking_section(summary: dict[str, Any]) -> str:
     return f"<h2>Tracking</h2><p>{esc(rig)}</p>" + table(head, rows, left=1)
 
 
+def deadline_section(summary: dict[str, Any], cameras: list[str]) -> str:
+    """The report's "Deadline" section: the per-second plot, and with a schedule its
+    per-camera table (empty for a run with no frames)."""
+    seconds = summary.get("per_second") or []
+    if not seconds:
+        return ""
+    schedule = summary.get("schedule")
+    budget = summary["budget_ms"]
+    png = plots.deadline_over_time(seconds, schedule, cameras, budget)
+    worst = max(seconds[1:] or seconds, key=lambda s: s["p99_ms"])
+    text = (
+        f"p99 end-to-end latency per second of capture; the worst after the first second: "
+        f"{fmt(worst['p99_ms'])} ms at second {worst['t_s']}."
+    )
+    if not schedule:
+        note = "No budget was held (the scheduler is on in live and real-time runs given "
+        note += "--budget-ms): every frame the engine took went to the model."
+        return f"<h2>Deadline</h2><p>{esc(text)}</p><p class='note'>{esc(note)}</p>" + image(
+            png, "p99 latency per second"
+        )
+    rows = [
+        [
+            name,
+            fmt(c["priority"], 2),
+            fmt(c["detected"]),
+            fmt(c["predicted"]),
+            fmt(100 * c["detected_share"]),
+            fmt(c["forced"]),
+            fmt(c["longest_gap_ms"]),
+        ]
+        for name, c in schedule["cameras"].items()
+    ]
+    head = ["camera", "priority", "detected", "predicted", "detected %", "forced"]
+    head.append("longest gap ms")
+    held = (
+        f"The scheduler held a {budget:g} ms budget: per camera and frame, the model or the "
+        f"tracker's prediction for the frame's capture time. A camera's first frame, and "
+        f"one {schedule['max_gap_ms']:g} ms after its last detected one, went to the model "
+        f"whatever the budget said (forced)."
+    )
+    return (
+        f"<h2>Deadline</h2><p>{esc(held)}</p>"
+        + table(head, rows)
+        + f"<p>{esc(text)}</p>"
+        + image(png, "p99 latency and detected share per second")
+    )
+
+
 def live_section(summary: dict[str, Any], origin_ns: int) -> str:
     """Live cameras: final state, reconnects, down time and the state changes."""
     cams = {n: c["live"] for n, c in summary["cameras"].items() if c.get("live")}
@@ -324,6 +372,7 @@ model <b>{esc(model.get("name"))}</b> &middot; device <b>{
 {esc(summary["deadline"]["misses"])} frames over the {budget:g} ms budget
 ({_pct(summary["deadline"]["miss_rate"])}).</p>
 {latency_table(summary)}
+{deadline_section(summary, list(tl.cameras))}
 {live_section(summary, tl.origin_ns)}
 {tracking_section(summary)}
 <p class="note">Latency is capture (the frame read from its source) to emission (boxes handed to

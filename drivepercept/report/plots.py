@@ -284,3 +284,36 @@ def worker_timeline(spans: Sequence[tuple[str, str, float, float, bool]]) -> byt
     ax.set_xlabel("seconds since the first drive started")
     ax.grid(alpha=0.3, axis="x")
     return _png(fig)
+
+
+def deadline_over_time(
+    seconds: Sequence[dict[str, Any]],
+    schedule: dict[str, Any] | None,
+    cameras: Sequence[str],
+    budget_ms: float,
+) -> bytes:
+    """p99 end-to-end latency per second against the budget; with a schedule, below it the
+    share of each camera's frames the model saw, per second (`report/deadline.py`)."""
+    shares = (schedule or {}).get("per_second") or []
+    fig, axes = _figure((WIDE[0], WIDE[1] * (1.6 if shares else 1.0)), rows=2 if shares else 1)
+    ax = axes[0][0]
+    t = [s["t_s"] for s in seconds]
+    ax.plot(t, [s["p99_ms"] for s in seconds], marker="o", markersize=3, label="p99 latency")
+    _budget(ax, budget_ms, vertical=False)
+    ax.set_ylabel("p99 latency (ms)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Each second of capture: p99 latency" + (" and detected share" if shares else ""))
+    if shares:
+        low = axes[1][0]
+        x = [s["t_s"] for s in shares]
+        for i, name in enumerate(cameras):
+            y = [s["detected_share"][i] if i < len(s["detected_share"]) else None for s in shares]
+            low.plot(x, [np.nan if v is None else 100 * v for v in y], linewidth=1, label=name)
+        low.set_ylabel("frames detected (%)")
+        low.set_ylim(0, 105)
+        low.grid(alpha=0.3)
+        low.legend(fontsize=7, ncol=3)
+    (axes[-1][0]).set_xlabel("second of capture (from the first frame)")
+    return _png(fig)

@@ -30,7 +30,12 @@ frames/s, null where there is nothing to measure):
   for a frames.csv without pts_s)};
 - load: {samples, rate_hz, gpu_unavailable (reason or null), process_cpu_pct, system_cpu_pct,
   process_rss_mb, gpus: [{index, name, util_pct, mem_util_pct, mem_used_mb, power_w,
-  temperature_c, sm_clock_mhz, throttle_reasons_seen}]}; each figure {mean, max}.
+  temperature_c, sm_clock_mhz, throttle_reasons_seen}]}; each figure {mean, max};
+- tracking: run.json's tracking figures (`--track`), else null;
+- per_second: [{t_s, frames, p99_ms, over_budget}] per second of capture time (`deadline`);
+- schedule: a run that held its budget: {budget_ms, max_gap_ms, cameras: {name: {priority,
+  detected, predicted, detected_share, forced, longest_gap_ms}}, per_second: [{t_s,
+  detected_share: [per camera]}]}, else null.
 
 latency.csv: one row per (scope, stage): scope is "all" or a camera name, stage is
 "end_to_end" or a span name; columns count, mean_ms, p50_ms, p90_ms, p95_ms, p99_ms, max_ms.
@@ -45,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from drivepercept.report.deadline import per_second, schedule_summary
 from drivepercept.report.rundata import LoadTable, RunData
 from drivepercept.rundir import RunDir, RunRecord
 from drivepercept.rundir.sections import LiveCameraRecord, TelemetryRecord
@@ -274,6 +280,8 @@ def build_summary(
         },
         "load": load_summary(data.load, run.telemetry),
         "tracking": run.tracking.to_json() if run.tracking is not None else None,
+        "per_second": per_second(tl, budget_ms),
+        "schedule": schedule_summary(run.schedule),
     }
 
 

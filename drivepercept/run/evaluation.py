@@ -65,6 +65,7 @@ def evaluate_clip(
     track: bool = False,
     streaming: bool = False,
     forecast: bool = False,
+    budget_ms: float | None = None,
 ) -> EvaluateResult | None:
     """Replay labelled data and score the detections against its labels.
 
@@ -84,6 +85,10 @@ def evaluate_clip(
             and score streaming AP next to offline AP.
         forecast: streaming, with each output forecast to the frame's capture time by its
             tracked velocities (the run tracks; scored beside plain streaming).
+        budget_ms: streaming: the p99 latency budget the deadline scheduler holds (every frame
+            answered, by the model or by the tracker's prediction for its capture time;
+            `drivepercept.schedule`); None: `settings`' budget_ms, else every frame the
+            engine takes goes to the model.
 
     Returns None when the run was interrupted (nothing is scored).
 
@@ -110,6 +115,7 @@ def evaluate_clip(
         command="eval",
         mode=Mode.REALTIME if streaming else Mode.REPLAY,
         track=track or forecast,
+        budget_ms=(budget_ms or given.get("budget_ms")) if streaming else None,
     )
     result = run(options, progress=progress)
     if result.stats.interrupted:

@@ -6,7 +6,9 @@ Topics, per camera (`<base>` is the camera's source image topic for a recorded d
 * `<base>/detections`: `foxglove.ImageAnnotations` (JSON): each box an outline in the
   image's own pixels (xyxy, origin at the top-left corner of the top-left pixel, as
   Foxglove draws them) with its "class score" label, a colour per class (the annotated
-  video's); an empty frame writes an empty message, so old boxes never linger;
+  video's); an empty frame writes an empty message, so old boxes never linger. A frame the
+  model did not see (`--detect-every`, a latency budget) has the tracker's boxes, drawn
+  thinner and labelled "class score predicted";
 * `<base>/detections_ros` (only in a ROS 2 file, see below):
   `vision_msgs/msg/Detection2DArray` (vision_msgs 4.x), class_id = class name, the score,
   the box as centre and size in pixels, header frame_id = the camera's name;
@@ -18,7 +20,7 @@ Topics, per camera (`<base>` is the camera's source image topic for a recorded d
   `foxglove.CompressedImage` (JSON, the calibration is then left out);
 * `/drivepercept/latency/<camera>`: one JSON message a frame: frame_index, end_to_end_ms,
   the stage spans of `telemetry.timeline.STAGE_SPANS` as `<span>_ms` (null where a stage
-  does not apply), detections and batch_size;
+  does not apply), detections, batch_size and predicted (1: the tracker's boxes);
 * `/drivepercept/load` (JSON): process_cpu_pct, system_cpu_pct, process_rss_mb,
   system_mem_used_mb and per GPU i (NVML index) gpu<i>_util_pct, gpu<i>_mem_util_pct,
   gpu<i>_mem_used_mb, gpu<i>_power_w (null where the hardware does not say; MB = 2**20 B).
@@ -81,6 +83,7 @@ LATENCY_FIELDS: tuple[str, ...] = (
     *(name for name, _, _ in LATENCY_SPANS),
     "detections",
     "batch_size",
+    "predicted",
 )
 _LATENCY_SERIES = messages.series_schema(LATENCY_SCHEMA, LATENCY_FIELDS)
 
@@ -152,6 +155,7 @@ def latency_record(result: FrameResult) -> dict[str, Any]:
         record[name] = (t1 - t0) / 1e6 if t0 and t1 else None  # 0: the stage did not apply
     record["detections"] = len(result.detections)
     record["batch_size"] = result.batch_size
+    record["predicted"] = int(result.detections.predicted)  # 1: the tracker's boxes
     return record
 
 
@@ -265,13 +269,15 @@ class McapSink(ClosingSink):
         det = result.detections
         names = det.names
         scores = [float(s) for s in det.scores.tolist()]
-        labels = [f"{n} {s:.2f}" for n, s in zip(names, scores, strict=True)]
+        mark = " predicted" if det.predicted else ""  # the tracker's box, not the model's
+        labels = [f"{n} {s:.2f}{mark}" for n, s in zip(names, scores, strict=True)]
         colors = [_rgb(int(k)) for k in det.labels.tolist()]
         self._set_clock(result)
         if image is not None:
             self._write_image(result.camera, topics, stamp, image)
         out = self._out
-        annotations = messages.image_annotations(stamp, det.xyxy, labels, colors)
+        thin = 1.0 if det.predicted else 2.0
+        annotations = messages.image_annotations(stamp, det.xyxy, labels, colors, thickness=thin)
         out.json(topics.detections, messages.IMAGE_ANNOTATIONS, annotations, log_time_ns=log_time)
         if self.ros2:
             array = messages.detection_array(stamp, result.camera, det.xyxy, names, scores)

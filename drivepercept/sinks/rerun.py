@@ -8,7 +8,8 @@ two runs in one process do not mix):
   cameras stays small and a viewer over the network keeps up);
 * `cameras/<camera>/image/boxes`: the detections, xyxy in original pixels, labelled
   "name score", coloured by class (`AnnotationContext` at `cameras`, logged once); an empty
-  frame logs an empty list, so the last boxes never linger over a later image;
+  frame logs an empty list, so the last boxes never linger over a later image; a frame the
+  model did not see has the tracker's boxes, thinner, labelled "name score predicted";
 * `cameras/<camera>/latency_ms`: capture-to-emission latency (`FrameTiming.end_to_end_ms`);
 * `load/cpu/process_pct`, `load/cpu/system_pct`, `load/gpu<i>/util_pct`,
   `load/gpu<i>/memory_used_mb`, `load/gpu<i>/power_w`: the load sampler's samples, through
@@ -312,10 +313,11 @@ class RerunSink(ClosingSink):
         boxes = rr.Boxes2D(
             array=np.asarray(det.xyxy, np.float32).reshape(-1, 4),
             array_format=rr.Box2DFormat.XYXY,
-            labels=[
-                f"{name} {score:.2f}"
+            labels=[  # a frame the model did not see: the tracker's boxes, said so
+                f"{name} {score:.2f}{' predicted' if det.predicted else ''}"
                 for name, score in zip(det.names, det.scores.tolist(), strict=True)
             ],
+            radii=0.5 if det.predicted else None,
             class_ids=det.labels,
         )
         with self._lock:
