@@ -446,6 +446,7 @@ def test_capacity_of_the_default_model_in_under_5_minutes(yolox_nano_onnx: Path)
         weights=str(yolox_nano_onnx),
         settings={"device": "cpu"},
         budget_ms=300,
+        schedule=False,  # every frame to the model, as before the deadline scheduler
     )
     assert options.model_name == "yolox-nano"
     seen: list[CapacityStep] = []

@@ -267,8 +267,8 @@ def test_no_camera_goes_longer_than_its_bound_without_a_detection(
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--budget-ms", "0"], "budget must be a number of ms > 0"),
-        (["--budget-ms", "-5"], "budget must be a number of ms > 0"),
+        (["--budget-ms", "0"], "budget must be > 0 ms, got 0"),
+        (["--budget-ms", "-5"], "budget must be > 0 ms, got -5"),
         (["--budget-ms", "nan"], "expected a finite number"),
         (["--budget-ms", "inf"], "expected a finite number"),
         (["--budget-ms", "fast"], "expected a number"),

@@ -5,6 +5,11 @@ keeps the p99 end-to-end latency under the budget, drops at most 1 % of the fram
 and keeps up (results at 95 % or more of the cameras' combined rate: the simulated cameras
 share the CPU, and a camera server that cannot pace its cameras is a machine that is full).
 
+With a budget to hold (`--budget-ms`; `RunOptions.holds_budget`) each step's live run has
+the deadline scheduler on: no frame is dropped for a newer one, and frames the model cannot
+answer in time get the tracker's boxes; a step's row then says the share of its frames the
+model saw. `--no-schedule` sends every frame the engine takes to the model, newest first.
+
 Cameras: a synthetic drive rendered once at the requested size by the simulator (`CLIPS`
 cameras, `CLIP_S` seconds, into a temporary folder), served in real time by the MJPEG camera
 server, each clip looped and shared round-robin when more cameras are asked for than there
@@ -105,7 +110,9 @@ class CapacityStep:
         """One row under `HEADER`."""
         cameras = f"{self.step.cameras}{' again' if self.attempt > 1 else ''}"
         verdict = "pass" if self.passed else f"FAIL: {self.why_not}"
-        return f"{cameras:>9} {self.step.cells()}  {verdict}"
+        share = self.step.detected_share  # below 1: a budget held by the scheduler
+        detected = f"  ({share:.0%} detected)" if share < 1.0 else ""
+        return f"{cameras:>9} {self.step.cells()}  {verdict}{detected}"
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.step.as_dict(), "passed": self.passed, "attempt": self.attempt}

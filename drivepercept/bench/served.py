@@ -8,8 +8,8 @@ sweep's cells).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
+import json
 import logging
 import math
 import tempfile
@@ -61,6 +61,7 @@ class LiveStep:
     p50_ms: float
     p99_ms: float
     load: LoadFigures | None = None  # over the window
+    detected_share: float = 1.0  # of the frames in the window, those the model saw
 
     @property
     def target_fps(self) -> float:
@@ -98,6 +99,7 @@ class LiveStep:
             "drop_share": num(self.drop_share),
             "p50_ms": num(self.p50_ms),
             "p99_ms": num(self.p99_ms),
+            "detected_share": num(self.detected_share),
             "load": self.load.as_dict() if self.load else None,
         }
 
@@ -148,14 +150,20 @@ class _Window:
         cameras, start, end, nan = len(self._names), self.start, self.end, float("nan")
         if start is None or end is None:
             return LiveStep(cameras, fps, 0.0, 0, 0, nan, nan, load)
-        latency = []
-        with run_dir.frames_csv.open(newline="", encoding="utf-8") as fh:
-            for row in csv.DictReader(fh):
-                if start.t_ns <= int(row["capture_ns"]) < end.t_ns:
-                    latency.append(float(row["end_to_end_ms"]))
+        latency, predicted = [], 0
+        with run_dir.detections_jsonl.open(encoding="utf-8") as fh:
+            for line in fh:
+                record = json.loads(line)
+                stamps = record["timestamps"]
+                if start.t_ns <= int(stamps["capture_ns"]) < end.t_ns:
+                    latency.append(float(stamps["end_to_end_ms"]))
+                    predicted += 1 if record.get("predicted") else 0
         stats, window_s = latency_stats(latency), (end.t_ns - start.t_ns) / 1e9
         frames, dropped = end.frames - start.frames, end.dropped - start.dropped
-        return LiveStep(cameras, fps, window_s, frames, dropped, stats.p50_ms, stats.p99_ms, load)
+        share = 1.0 - predicted / len(latency) if latency else nan
+        return LiveStep(
+            cameras, fps, window_s, frames, dropped, stats.p50_ms, stats.p99_ms, load, share
+        )
 
 
 def _check_window(duration_s: float, warmup_s: float) -> None:

@@ -334,12 +334,11 @@ class RunOptions(ModelOptions):
             raise ConfigError(
                 f"max gap must be > 0 and <= {MAX_GAP_LIMIT_S:g} s, got {self.max_gap_s:g}"
             )
-        if self.budget_ms is not None and not (
-            isinstance(self.budget_ms, (int, float))
-            and math.isfinite(self.budget_ms)
-            and self.budget_ms > 0
-        ):
-            raise ConfigError(f"budget must be a number of ms > 0, got {self.budget_ms!r}")
+        if (budget := self.budget_ms) is not None:
+            if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+                raise ConfigError(f"budget must be a number of ms, got {budget!r}")
+            if not (math.isfinite(budget) and budget > 0):
+                raise ConfigError(f"budget must be > 0 ms, got {budget:g}")
         object.__setattr__(self, "priorities", priorities_setting(self.priorities))
         bad = [f for f in self.report_formats if f not in FORMATS]
         if bad:
