@@ -257,12 +257,10 @@ class Batcher:
             if cam in forced or since >= self.detect_every:
                 candidates.append(Candidate(cam, newest.capture_ns, forced=cam in forced))
         start = self.free_at() if self.free_at is not None else now
-        chosen = set(
-            scheduler.choose(
-                candidates, now_ns=now, start_ns=start, prepare_ns=self._prepare_ema_ns
-            )
-        )
+        prep = self._prepare_ema_ns
+        chosen = set(scheduler.choose(candidates, now_ns=now, start_ns=start, prepare_ns=prep))
         detect = [rounds[c][-1] for c in sorted(chosen)]
+        done = max(now, start) + prep + scheduler.service.estimate_ns(len(detect))
         layers: list[list[tuple[QueuedFrame, int]]] = []
         for cam, taken in rounds.items():
             before = taken[:-1] if cam in chosen else taken
@@ -295,7 +293,6 @@ class Batcher:
                 return False
         metas = self._fill(self.ring.arrays[slot], detect) if detect else []
         index = self.batches if metas else None
-        done = max(now, start) + self._prepare_ema_ns + scheduler.service.estimate_ns(len(metas))
         scheduler.decided(
             batch_index=index,
             detected=[(m.camera_index, m.capture_ns) for m in metas],

@@ -10,7 +10,7 @@ tracking stage with its tracks moved on to the frame's capture time). It knows:
   so that a machine that turns slow, another process or throttling, is seen within a few
   batches);
 - how late the answers actually came against its estimates (`observe`: their
-  97th percentile is kept as a margin, which takes in what it does not
+  99th percentile is kept as a margin, which takes in what it does not
   model: preparation, post-processing, the completion thread);
 - each camera's priority (rig.toml `priority`, default 1) and when its last detected frame
   was captured.
@@ -19,7 +19,9 @@ A round (`choose`): the cameras whose frame must be detected come first (its fir
 after a reconnect, or the camera has gone `max_gap_ms` without a detection: the starvation
 bound); then the others by priority times how long each has gone without a detection. A
 camera joins the batch when every detected frame of it would still be answered within the
-budget (less the margin); the frames predicted meanwhile are answered as soon as the batch
+budget (less the margin), and while the batch is at most one row larger than the largest
+measured lately (the line through small batches says little of a large one); the frames
+predicted meanwhile are answered as soon as the batch
 before them is out, so they are in time too. A camera that does not fit is predicted this
 round and waits its turn, which comes sooner the longer it waits.
 
@@ -39,10 +41,15 @@ import numpy as np
 
 SERVICE_SAMPLES = 24  # model batches the service-time line is fitted over
 RECENT_SAMPLES = 8  # of them, the latest, whose overrun scales the line
-ERRORS_KEPT = 48  # answers whose lateness against the estimate sets the margin
-# the margin: this percentile of those errors (the target is a p99: a frame answered late
-# one time in 20 is too often; on a busy 2-core host the 90th let 2-4 % of frames through)
-MARGIN_PERCENTILE = 97
+# the margin: the 99th percentile of how late the latest answers came against their estimate.
+# The target is a p99, so the margin must know the tail, and the tail is rare: on the 2-core
+# host one model batch in 50-100 takes 25-30 ms longer than its estimate (the camera server
+# or the decoders taking the cores), so a window of 48 forgot it between two such batches and
+# 2 % of frames came late; 200 batches (20-40 s) keep it.
+ERRORS_KEPT = 200
+MARGIN_PERCENTILE = 99
+COLD_ERRORS = 8  # until this many answers are measured the margin is at least COLD_MARGIN
+COLD_MARGIN = 0.1  # of the budget
 TIMELINE_KEPT = 3600  # seconds of decisions kept for the timeline (an hour)
 DEFAULT_MAX_GAP_MS = 1000.0
 
@@ -81,6 +88,11 @@ class ServiceTimes:
         if rows > 0 and ns > 0:
             with self._lock:
                 self._samples.append((rows, ns))
+
+    def largest_recent(self) -> int:
+        """The most rows of the latest `RECENT_SAMPLES` batches (0: none measured)."""
+        with self._lock:
+            return max((r for r, _ in list(self._samples)[-RECENT_SAMPLES:]), default=0)
 
     def estimate_ns(self, rows: int) -> float:
         """The compute time of a batch of `rows`: the line through the kept batches (rows,
@@ -146,12 +158,14 @@ class DeadlineScheduler:
 
     def margin_ns(self) -> float:
         """How much later than estimated the latest answers came (`MARGIN_PERCENTILE`, at
-        least 0, at most half the budget)."""
+        least 0, at least `COLD_MARGIN` of the budget before `COLD_ERRORS` answers, at most
+        half the budget)."""
         with self._lock:
             errors = list(self._errors)
-        if not errors:
-            return 0.0
-        return float(min(max(np.percentile(errors, MARGIN_PERCENTILE), 0.0), self.budget_ns / 2))
+        measured = float(np.percentile(errors, MARGIN_PERCENTILE)) if errors else 0.0
+        if len(errors) < COLD_ERRORS:
+            measured = max(measured, COLD_MARGIN * self.budget_ns)
+        return float(min(max(measured, 0.0), self.budget_ns / 2))
 
     def has_detected(self, camera: int) -> bool:
         """Whether a frame of the camera has been sent to the model."""
@@ -175,14 +189,22 @@ class DeadlineScheduler:
         start = max(now_ns, start_ns) + prepare_ns
         chosen = [c for c in candidates if c.forced]
         with self._lock:
-            last = list(self._last_detected_ns)
+            last, detected = list(self._last_detected_ns), list(self._detected)
 
-        def waited(c: Candidate) -> float:
-            since = last[c.camera]
-            return self.priorities[c.camera] * (now_ns - since if since is not None else 1e18)
+        def waited(c: Candidate) -> tuple[float, float]:
+            """Priority times the wait; between equals (cameras detected together), the one
+            detected least for its priority (else the first cameras would always win)."""
+            since, weight = last[c.camera], self.priorities[c.camera]
+            wait = weight * (now_ns - since if since is not None else 1e18)
+            return wait, -detected[c.camera] / weight
 
+        # a batch grows by one row at most beyond the largest measured lately: the line
+        # through small batches says little of a large one on a machine that turned busy
+        largest = max(self.service.largest_recent() + 1, len(chosen))
         for cand in sorted((c for c in candidates if not c.forced), key=waited, reverse=True):
             trial = [*chosen, cand]
+            if len(trial) > largest:
+                break
             done = start + self.service.estimate_ns(len(trial))
             if all(done - c.capture_ns <= slack for c in trial if not c.forced):
                 chosen = trial
