@@ -284,9 +284,54 @@ def test_compare_two_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert line.split()[-3:] == ["35.0", "45.0", "1.29x"]
     page = result.html.read_text()
     assert "batch_timeout_ms" in page and "20.0 -&gt; 5.0" in page
+    assert 'alt="p99 latency per second A vs B"' in page  # where each held a budget
     # the CLI prints the same table
     assert main(["report", str(a), "--compare", str(b)]) == 0
     assert "1.29x" in capsys.readouterr().out
+
+
+def test_each_second_of_capture_and_the_schedule_are_in_the_summary_and_page(
+    tmp_path: Path,
+) -> None:
+    # given frames over three seconds of capture, some over a 100 ms budget, and a run that
+    # held it (run.json's schedule, as the scheduler writes it)
+    latencies = {0: [10.0, 20.0, 150.0], 1: [30.0, 40.0], 2: [200.0]}
+    frames = [
+        _frame(k % 2, k, k, 1, 1000.0 * second + 10.0 * k, ms)
+        for second, values in latencies.items()
+        for k, ms in enumerate(values)
+    ]
+    schedule = {
+        "budget_ms": 100.0,
+        "max_gap_ms": 1000.0,
+        "cameras": {
+            name: {"priority": p, "detected": 3, "predicted": 1, "detected_share": 0.75,
+                   "forced": 1, "longest_gap_ms": 400.0}
+            for name, p in (("left", 2.0), ("right", 1.0))
+        },
+        "timeline": [{"t_s": 0.0, "detected": [2, 1], "predicted": [0, 1], "service_ms": 20.0,
+                      "margin_ms": 5.0}],
+    }  # fmt: skip
+    run = _hand_run(tmp_path / "held", frames, schedule=schedule)
+    write_report(run, formats=("json", "html"))
+    summary = json.loads((run / "summary.json").read_text())
+    # then each second has its frames, its p99 and how many were over
+    seconds = summary["per_second"]
+    assert [s["t_s"] for s in seconds] == [0, 1, 2]
+    assert [s["frames"] for s in seconds] == [3, 2, 1]
+    assert [s["over_budget"] for s in seconds] == [1, 0, 1]
+    for s, values in zip(seconds, latencies.values(), strict=True):
+        assert s["p99_ms"] == pytest.approx(np.percentile(values, 99), abs=1e-3)
+    # and the schedule: per camera as run.json has it, per second each camera's share
+    assert summary["schedule"]["cameras"]["left"]["priority"] == 2.0
+    assert summary["schedule"]["per_second"] == [{"t_s": 0.0, "detected_share": [1.0, 0.5]}]
+    page = (run / "report.html").read_text()
+    assert "<h2>Deadline</h2>" in page and "held a 100 ms budget" in page
+    assert "p99 latency and detected share per second" in page
+    # a run without a schedule has the seconds, and says nothing was held
+    plain = _hand_run(tmp_path / "plain", frames)
+    write_report(plain, formats=("html",))
+    assert "No budget was held" in (plain / "report.html").read_text()
 
 
 # --- run folders in a bad state -------------------------------------------------------------

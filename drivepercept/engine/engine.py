@@ -22,7 +22,10 @@ Two named threads:
 With a detection interval a batch's last `Batch.predicted` frames are not for the model: it
 runs on the first rows only, and those frames come out with empty `Detections` flagged
 `predicted` (the tracking stage fills them in). A batch with no frame for the model is
-passed to `engine-complete` in its turn without touching the device.
+passed to `engine-complete` in its turn without touching the device (with a deadline such
+batches have no staging slot, `NO_SLOT`). Each model batch's rows and compute time go to the
+deadline scheduler's service clock, through `busy.BusyClock`, which also says when the
+engine will be free.
 
 A batch the model (or its post-processing) raises on is set aside, not the run: its slot is
 given back, its frames get no results (counted in `failed_batches` / `failed_frames`, and in

@@ -114,6 +114,27 @@ def _overlay_cdf(a: RunData, b: RunData, budget_ms: float) -> bytes:
     return plots._png(fig)
 
 
+def _overlay_seconds(sa: dict[str, Any], sb: dict[str, Any], budget_ms: float) -> bytes | None:
+    """p99 latency of each second of capture, A and B on one plot (a load that comes and
+    goes: where each held the budget); None when neither has seconds."""
+    if not (sa.get("per_second") or sb.get("per_second")):
+        return None
+    fig, axes = plots._figure()
+    ax = axes[0][0]
+    for label, summary in (("A " + sa["run"]["name"], sa), ("B " + sb["run"]["name"], sb)):
+        seconds = summary.get("per_second") or []
+        t, p99 = [s["t_s"] for s in seconds], [s["p99_ms"] for s in seconds]
+        ax.plot(t, p99, marker="o", markersize=3, label=label)
+    ax.axhline(budget_ms, color="crimson", linestyle="--", label=f"budget {budget_ms:g} ms")
+    ax.set_xlabel("second of capture (from each run's first frame)")
+    ax.set_ylabel("p99 latency (ms)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("p99 latency per second: A vs B")
+    return plots._png(fig)
+
+
 def _config_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     ca = a["run"].get("config") or {}
     cb = b["run"].get("config") or {}
@@ -159,6 +180,7 @@ def render_comparison(a: RunData, sa: dict[str, Any], b: RunData, sb: dict[str, 
 <h2>Settings that differ</h2>
 {kv_table(_config_diff(sa, sb))}
 {image(_overlay_cdf(a, b, budget), "latency CDF A vs B")}
+{image(_overlay_seconds(sa, sb, budget), "p99 latency per second A vs B")}
 <div class="side">{"".join(side)}</div>
 <p class="note">Ratios are B / A; budget {fmt(budget, 0)} ms.</p>
 </body></html>

@@ -381,6 +381,12 @@ def _run(
             pass  # the one being handled already ends the run
         raise
     snapshots = pipeline.cameras()
+    if options.holds_budget and (lost := sum(s.dropped for s in snapshots)):  # said, not hidden
+        log.warning(
+            "%d frames were dropped although a budget answers every frame: a camera's queue "
+            "(%s frames) overflowed, the run fell that far behind",
+            *(lost, record.config.get("queue_capacity")),
+        )
     failed = tuple(s.name for s in snapshots if s.state is CameraState.FAILED)
     status = "interrupted" if stats.interrupted else "complete"
     error: str | None = None
