@@ -57,7 +57,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -94,11 +94,14 @@ class Batcher:
         on_error: Callable[[BaseException], None] | None = None,
         free_at: Callable[[], int] | None = None,
         align: bool = False,
-        detect_every: int = 1,
+        detect_every: int | Sequence[int] = 1,
         scheduler: DeadlineScheduler | None = None,
     ) -> None:
         self.queues = queues
-        self.detect_every = detect_every
+        n = len(queues.cameras)  # one interval for all cameras, or one each
+        self.detect_every = (
+            (detect_every,) * n if isinstance(detect_every, int) else tuple(detect_every)
+        )
         self.scheduler = scheduler
         self._since_detected: dict[int, int] = {}  # scheduler: frames since the last detected
         self._taken: dict[int, int] = {}  # per camera index: frames taken so far
@@ -254,7 +257,7 @@ class Batcher:
         for cam, taken in rounds.items():
             newest = taken[-1][0]
             since = self._since_detected.get(cam, 0) + len(taken)
-            if cam in forced or since >= self.detect_every:
+            if cam in forced or since >= self.detect_every[cam]:
                 candidates.append(Candidate(cam, newest.capture_ns, forced=cam in forced))
         start = self.free_at() if self.free_at is not None else now
         prep = self._prepare_ema_ns
@@ -350,12 +353,11 @@ class Batcher:
         self, taken: list[tuple[QueuedFrame, int]]
     ) -> tuple[list[tuple[QueuedFrame, int]], list[tuple[QueuedFrame, int]]]:
         """The taken frames the model sees and those the tracker answers (`detect_every`):
-        camera c's k-th frame is detected when k is 0 or (k + c) is a multiple of the
+        camera c's k-th frame is detected when k is 0 or (k + c) is a multiple of its
         interval (the cameras staggered, so that batches share the work), or when it comes over
         `DETECT_AFTER_GAP_NS` after the camera's previous one (a reconnect, a stall: its
         tracks are stale)."""
-        every = self.detect_every
-        if every <= 1:
+        if max(self.detect_every, default=1) <= 1:
             return taken, []
         detect: list[tuple[QueuedFrame, int]] = []
         predict: list[tuple[QueuedFrame, int]] = []
@@ -365,7 +367,8 @@ class Batcher:
             k = self._taken.get(cam, 0)
             t, last = frame.source_ns, self._last_source_ns.get(cam)
             gap = t is not None and last is not None and abs(t - last) > DETECT_AFTER_GAP_NS
-            (detect if gap or detect_due(k, cam, every) else predict).append(item)
+            due = detect_due(k, cam, self.detect_every[cam])
+            (detect if gap or due else predict).append(item)
             self._taken[cam] = k + 1
             if t is not None:
                 self._last_source_ns[cam] = t

@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass
 
 from drivepercept.errors import ConfigError
+from drivepercept.geometry import MAX_DETECT_EVERY as MAX_DETECT_EVERY
+from drivepercept.geometry import check_detect_every
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-MAX_DETECT_EVERY = 100  # detect_every at most: a frame in 100 (6.7 s at 15 fps)
 MAX_BUDGET_MS = 60_000.0  # a deadline longer than a minute is not a deadline
 
 
@@ -169,11 +170,7 @@ class PipelineConfig:
             )
         if not 0 <= self.cpu_lanes <= 1024:
             raise ConfigError(f"cpu_lanes must be 0 (automatic) to 1024, got {self.cpu_lanes}")
-        if not 1 <= self.detect_every <= MAX_DETECT_EVERY:
-            raise ConfigError(
-                f"detect_every must be 1..{MAX_DETECT_EVERY} (1: every frame), "
-                f"got {self.detect_every}"
-            )
+        check_detect_every(self.detect_every, "")
         if not (math.isfinite(self.deadline_ms) and 0.0 <= self.deadline_ms <= MAX_BUDGET_MS):
             raise ConfigError(
                 f"deadline_ms must be a number of ms in (0, {MAX_BUDGET_MS:g}], or 0 for no "

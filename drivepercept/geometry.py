@@ -42,6 +42,31 @@ def check_fps(fps: float) -> float:
 
 
 MAX_PRIORITY = 1000.0
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def check_camera_name(name: str) -> str:
+    """A camera name: 1-64 letters, digits, '_' or '-', starting with a letter or digit (it
+    names files, topics and metrics labels); ConfigError otherwise."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError(
+            "camera name must be 1-64 letters, digits, '_' or '-' (starting with a letter "
+            f"or digit), got {name!r}"
+        )
+    return name
+
+
+MAX_DETECT_EVERY = 100  # detect_every at most: a frame in 100 (6.7 s at 15 fps)
+
+
+def check_detect_every(value: object, where: str) -> int:
+    """A detection interval: a whole number of frames, 1..MAX_DETECT_EVERY (ConfigError
+    otherwise; 1: every frame)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DETECT_EVERY:
+        raise ConfigError(
+            f"{where}detect_every must be 1..{MAX_DETECT_EVERY} (1: every frame), got {value!r}"
+        )
+    return value
 
 
 def check_priority(value: object, where: str) -> float:

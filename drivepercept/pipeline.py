@@ -73,6 +73,7 @@ class Pipeline:
         stage: runs over each batch's results before the sinks (tracking's `RigTracker`).
         priorities: each camera's priority for the deadline scheduler (`config.deadline_ms`;
             default 1 each).
+        detect_every: each camera's detection interval (default `config.detect_every`).
     """
 
     def __init__(
@@ -87,11 +88,13 @@ class Pipeline:
         capture_stop: threading.Event | None = None,
         stage: Callable[[list[FrameResult]], list[FrameResult]] | None = None,
         priorities: Sequence[float] | None = None,
+        detect_every: Sequence[int] | None = None,
     ) -> None:
         if not cameras:
             raise DrivePerceptError("a pipeline needs at least one camera")
-        if config.detect_every > 1 and stage is None:  # it answers what the model skips
-            raise ConfigError(f"detect_every {config.detect_every} needs a tracking stage")
+        every = tuple(detect_every or [config.detect_every] * len(cameras))
+        if max(every) > 1 and stage is None:  # it answers what the model skips
+            raise ConfigError(f"detect_every {max(every)} needs a tracking stage")
         if config.deadline_ms and stage is None:
             raise ConfigError("a deadline (deadline_ms) needs a tracking stage")
         self.config, self.detector, self.stage = config, detector, stage
@@ -132,16 +135,8 @@ class Pipeline:
             )
             for i, (name, reader) in enumerate(cameras)
         ]
-        self.scheduler = (  # a deadline: detect or predict, per camera and frame
-            DeadlineScheduler(
-                self.names,
-                budget_ms=config.deadline_ms,
-                priorities=priorities,
-                max_gap_ms=config.max_detect_gap_ms,
-            )
-            if config.deadline_ms
-            else None
-        )
+        # a deadline: detect or predict, per camera and frame
+        self.scheduler = DeadlineScheduler.for_config(self.names, config, priorities)
         self._batches: queue.Queue[Batch | None] = queue.Queue(maxsize=config.ring_slots)
         self.batcher = Batcher(
             queues=self.queues,
@@ -152,7 +147,7 @@ class Pipeline:
             on_error=self._fail,
             free_at=lambda: self.engine.free_at_ns(),  # live: batches made just in time
             align=policy is DropPolicy.BLOCK,  # replay: batches in time order
-            detect_every=config.detect_every,
+            detect_every=every,
             scheduler=self.scheduler,
         )
         self.engine = InferenceEngine(

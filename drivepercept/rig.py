@@ -23,6 +23,8 @@ from drivepercept.geometry import (
     Extrinsics,
     Intrinsics,
     check_camera_count,
+    check_camera_name,
+    check_detect_every,
     check_fps,
     check_priority,
     check_size,
@@ -32,8 +34,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,10 @@ class CameraConfig:
     source: str | None = None  # a live source: device index, /dev/videoN or stream URL
     topic: str | None = None  # the image topic read from `video`, a recorded drive (bag, MCAP)
     priority: float = 1.0  # its detections' weight under a latency budget (`schedule`)
+    detect_every: int | None = None  # its detection interval (None: the run's setting)
 
     def __post_init__(self) -> None:
-        if not _NAME_RE.match(self.name):
-            raise ConfigError(
-                "camera name must be 1-64 letters, digits, '_' or '-' (starting with a letter "
-                f"or digit), got {self.name!r}"
-            )
+        check_camera_name(self.name)
         if self.fps is not None:
             check_fps(self.fps)
         if (self.width is None) != (self.height is None):
@@ -66,6 +63,8 @@ class CameraConfig:
         if self.topic is not None and self.video is None:
             raise ConfigError(f"camera {self.name!r}: a topic is read from a recording (video)")
         check_priority(self.priority, f"camera {self.name!r}")
+        if self.detect_every is not None:
+            check_detect_every(self.detect_every, f"camera {self.name!r}: ")
 
     @property
     def size(self) -> tuple[int, int] | None:
@@ -114,7 +113,7 @@ SIMULATOR = "drivepercept simulate"  # the [simulation] generator a simulated ri
 
 _RIG_KEYS = {"model", "cameras"}
 _CAMERA_KEYS = {"name", "video", "topic", "source", "fps", "width", "height", "priority"}
-_CAMERA_KEYS |= {"intrinsics", "extrinsics"}
+_CAMERA_KEYS |= {"intrinsics", "extrinsics", "detect_every"}
 
 
 def _table(value: object, where: str) -> Mapping[str, Any]:
@@ -213,6 +212,7 @@ def _camera_from_table(raw: object, index: int, base_dir: Path) -> CameraConfig:
         source=source,
         topic=topic,
         priority=_number(table, "priority", where) if "priority" in table else 1.0,
+        detect_every=table.get("detect_every"),  # checked by CameraConfig
     )
 
 
@@ -261,6 +261,7 @@ def _camera_to_table(camera: CameraConfig, base_dir: Path) -> dict[str, Any]:
             video = video.resolve().relative_to(base_dir.resolve())
         table["video"] = video.as_posix()
     given = {"topic": camera.topic, "source": camera.source, "fps": camera.fps}
+    given["detect_every"] = camera.detect_every
     table |= {k: v for k, v in given.items() if v is not None}
     if camera.priority != 1.0:
         table["priority"] = camera.priority

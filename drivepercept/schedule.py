@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from drivepercept.config import PipelineConfig
+
 SERVICE_SAMPLES = 24  # model batches the service-time line is fitted over
 RECENT_SAMPLES = 8  # of them, the latest, whose overrun scales the line
 # the margin: the 99th percentile of how late the latest answers came against their estimate.
@@ -153,6 +155,16 @@ class DeadlineScheduler:
         self._expected: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._timeline: collections.deque[_Second] = collections.deque(maxlen=TIMELINE_KEPT)
         self._start_ns: int | None = None
+
+    @classmethod
+    def for_config(
+        cls, cameras: Sequence[str], config: PipelineConfig, priorities: Sequence[float] | None
+    ) -> DeadlineScheduler | None:
+        """The scheduler of a pipeline with `config` (None without a deadline)."""
+        if not config.deadline_ms:
+            return None
+        gap = config.max_detect_gap_ms
+        return cls(cameras, budget_ms=config.deadline_ms, priorities=priorities, max_gap_ms=gap)
 
     # ------------------------------------------------------------------ deciding
 

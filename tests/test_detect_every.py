@@ -171,3 +171,38 @@ def test_a_bench_refuses_a_detection_interval(in_process: Cli, tmp_path: Path) -
     )
     assert code == 2, err
     assert "--detect-every is for replay, live and eval" in err and "Traceback" not in err
+
+
+def _rig_with(tmp_path: Path, front: str) -> Path:
+    """The sample rig with `front` added to its front camera's table."""
+    rig = (SAMPLE / "rig.toml").read_text()
+    assert 'name = "front"\n' in rig
+    rig = rig.replace('name = "front"\n', f'name = "front"\n{front}\n', 1)
+    rig = rig.replace('video = "', f'video = "{SAMPLE}/')
+    (tmp_path / "rig.toml").write_text(rig)
+    return tmp_path / "rig.toml"
+
+
+def test_a_rig_file_gives_one_camera_its_own_interval(in_process: Cli, tmp_path: Path) -> None:
+    # given the sample rig whose front camera says detect_every = 2, the others nothing
+    rig = _rig_with(tmp_path, "detect_every = 2")
+    code, err = in_process(
+        ["replay", str(rig), "--model", "drivepercept-tiny", "--max-frames", "20", "--out",
+         str(tmp_path), "--name", "own", "--no-progress", "--no-report"]
+    )  # fmt: skip
+    assert code == 0, err
+    assert err.count("detect every 2/1 frames: tracking is on") == 1
+    # then the front camera's odd frames are predicted, and no other camera's frame is
+    cameras = json.loads((tmp_path / "own" / "run.json").read_text())["summary"]["cameras"]
+    assert cameras["front"]["frames_predicted"] == 10  # frames 1, 3, ..., 19 (front is c0)
+    assert all(c["frames_predicted"] == 0 for n, c in cameras.items() if n != "front")
+    assert all(c["frames"] == 20 for c in cameras.values())
+
+
+def test_a_rig_file_interval_out_of_range_is_one_line_and_exit_2(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    rig = _rig_with(tmp_path, "detect_every = 0")
+    code, err = in_process(["replay", str(rig), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2, err
+    assert "camera 'front': detect_every must be 1..100" in err and "Traceback" not in err

@@ -24,13 +24,13 @@ ALLOWED: dict[str, set[str]] = {
     "recording": set(),  # the robotics formats written (ROS 2 and Foxglove messages, MCAP)
     "_threads": set(),  # the process-wide OpenMP wait set at import (drivepercept/__init__)
     "rig": {"geometry", "types"},
-    "config": {"types"},
+    "config": {"types", "geometry"},
     "rundir": {"types"},
     "sources": {"types", "config", "rig", "geometry", "recording"},
     "queues": {"types", "config"},
     "batching": {"types", "config", "buffers", "queues", "alignment", "schedule"},
     "alignment": set(),  # a replay's batches in time order (the batcher's)
-    "schedule": set(),  # the deadline scheduler beside the batcher
+    "schedule": {"config"},  # the deadline scheduler beside the batcher
     "buffers": {"types", "config"},
     "models": {"types"},
     # (engine -> queues: the stop-aware put every hand-off uses)

@@ -362,3 +362,14 @@ def report_lines(report: ReportResult) -> list[str]:
     if reason:
         lines.append(f"GPU metrics unavailable: {reason}")
     return lines
+
+
+def say_dropped(snapshots: Sequence[CameraSnapshot], queue: object) -> None:
+    """A run that held a budget answers every frame: one that dropped some anyway (a camera's
+    queue of `queue` frames overflowed: the run fell that far behind) says so."""
+    if lost := sum(s.dropped for s in snapshots):
+        log.warning(
+            "%d frames were dropped although a budget answers every frame: a camera's queue "
+            "(%s frames) overflowed, the run fell that far behind",
+            *(lost, queue),
+        )

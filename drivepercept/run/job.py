@@ -28,6 +28,7 @@ from drivepercept.models.runtime import RuntimeRequest, choose_runtime, for_onnx
 from drivepercept.pipeline import Pipeline
 from drivepercept.report import ReportResult, write_report
 from drivepercept.rig import CameraConfig
+from drivepercept.run.console import say_dropped
 from drivepercept.run.options import Mode, RunOptions, default_onnx_cache
 from drivepercept.run.outputs import check_outputs, interrupts_deferred, linger_metrics
 from drivepercept.run.record import final_record, first_record, tracking_record
@@ -265,10 +266,11 @@ def run(
     viewer: Sink | None = None
     try:
         det = detector or load_model(options)
-        track = options.track or config.detect_every > 1 or bool(config.deadline_ms)
+        every = [c.detect_every or config.detect_every for c in cams]  # the rig's first
+        track = options.track or max(every) > 1 or bool(config.deadline_ms)
         if track and not options.track:  # its tracks answer the frames the model skips
             why = f"a {config.deadline_ms:g} ms budget to hold" if config.deadline_ms else ""
-            why = why or f"detect every {config.detect_every} frames"
+            why = why or f"detect every {'/'.join(str(e) for e in dict.fromkeys(every))} frames"
             log.warning("%s: tracking is on (it answers the frames the model skips)", why)
         tracker = _tracker(cams, options.mode) if track else None
         pipeline = Pipeline(
@@ -283,6 +285,7 @@ def run(
             capture_stop=capture_stop,
             stage=tracker,
             priorities=options.camera_priorities(cams),
+            detect_every=every,
         )
         if options.metrics_port is not None:
             exporter = MetricsExporter(
@@ -381,12 +384,8 @@ def _run(
             pass  # the one being handled already ends the run
         raise
     snapshots = pipeline.cameras()
-    if options.holds_budget and (lost := sum(s.dropped for s in snapshots)):  # said, not hidden
-        log.warning(
-            "%d frames were dropped although a budget answers every frame: a camera's queue "
-            "(%s frames) overflowed, the run fell that far behind",
-            *(lost, record.config.get("queue_capacity")),
-        )
+    if options.holds_budget:
+        say_dropped(snapshots, record.config.get("queue_capacity"))
     failed = tuple(s.name for s in snapshots if s.state is CameraState.FAILED)
     status = "interrupted" if stats.interrupted else "complete"
     error: str | None = None
