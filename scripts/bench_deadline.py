@@ -110,6 +110,7 @@ def _figures(run_dir: Path, budget_ms: float) -> dict[str, Any]:
         "over_budget": int((e2e > budget_ms).sum()),
         "detected_share": round((len(lines) - predicted) / max(1, len(lines)), 3),
         "per_second_p99": [s["p99_ms"] for s in summary.get("per_second") or []],
+        "per_second_over": [s["over_budget"] for s in summary.get("per_second") or []],
     }
 
 
