@@ -5,11 +5,19 @@ batch; see its module docstring for why a replay needs it."""
 
 from __future__ import annotations
 
+import collections
+import threading
+
+import numpy as np
+
+from drivepercept.types import FrameMeta, source_time_ns
+
 # heads farther apart than this are on clocks that do not run together (a recording's
 # cameras stamped by different clocks): that batch takes them all, as without alignment
 ALIGN_MAX_SPAN_NS = 10_000_000_000
 _DEFAULT_PERIOD_NS = 100_000_000  # the tolerance before any camera's frame period is known
 _PERIODS_KEPT = 8  # a camera's period: the median of its latest intervals
+SPREADS_KEPT = 100_000  # batches whose time spread the run's figures are taken over
 
 
 class TimeAligner:
@@ -54,3 +62,30 @@ class TimeAligner:
                 del kept[:-_PERIODS_KEPT]
             self._last_ns[cam] = t
         return chosen
+
+
+class Spreads:
+    """Each batch's spread of its frames' own times (stamp or pts), the latest
+    `SPREADS_KEPT` batches: how far apart the instants of one batch are (run.json's
+    `source_spread_ms`). Thread-safe: the batcher adds, the pipeline reads."""
+
+    def __init__(self) -> None:
+        self._ms: collections.deque[float] = collections.deque(maxlen=SPREADS_KEPT)
+        self._lock = threading.Lock()
+
+    def add(self, metas: list[FrameMeta]) -> None:
+        """A batch's frames (left out unless every one has a time)."""
+        times = [source_time_ns(m.stamp_ns, m.pts_s) for m in metas]
+        known = [t for t in times if t is not None]
+        if len(known) == len(times):
+            with self._lock:
+                self._ms.append((max(known) - min(known)) / 1e6)
+
+    def figures(self) -> dict[str, float] | None:
+        """p50 / p99 / max ms over the batches kept; None before any batch with times."""
+        with self._lock:
+            spreads = np.array(self._ms, dtype=np.float64)
+        if not spreads.size:
+            return None
+        p50, p99 = np.percentile(spreads, (50, 99))
+        return {"p50": float(p50), "p99": float(p99), "max": float(spreads.max())}

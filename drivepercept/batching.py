@@ -50,7 +50,6 @@ engine is.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
@@ -62,19 +61,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from drivepercept.alignment import TimeAligner
+from drivepercept.alignment import Spreads, TimeAligner
 from drivepercept.buffers import StagingRing
 from drivepercept.config import detect_due
 from drivepercept.errors import RepeatedWarning, one_line
 from drivepercept.queues import CameraQueues, put_until_stopped
 from drivepercept.schedule import Candidate, DeadlineScheduler
-from drivepercept.types import NO_SLOT, Batch, FrameMeta, ImageU8, QueuedFrame, source_time_ns
+from drivepercept.types import NO_SLOT, Batch, FrameMeta, ImageU8, QueuedFrame
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.1
 ALIGN_WAIT_S = 1.0  # how long a replay batch waits for a camera that has no frame queued
-SPREADS_KEPT = 100_000  # batches whose time spread the run's figures are taken over
 # detection interval: a camera's frame this long after its previous one is detected (a
 # reconnect or a stall: the tracks the tracker would move on are stale)
 DETECT_AFTER_GAP_NS = 1_000_000_000
@@ -109,9 +107,7 @@ class Batcher:
         self.aligner = TimeAligner() if align else None
         self._incomplete_since_ns: int | None = None  # align: since when a camera is awaited
         self._stalled: set[int] = set()  # align: cameras waited out, until they deliver
-        # each batch's spread of its frames' own times (ms), the latest SPREADS_KEPT batches
-        self._spreads_ms: collections.deque[float] = collections.deque(maxlen=SPREADS_KEPT)
-        self._spread_lock = threading.Lock()
+        self.spreads = Spreads()  # each batch's spread of its frames' own times
         self.free_at = free_at
         self.ring = ring
         self.out = out
@@ -215,7 +211,7 @@ class Batcher:
                 )
                 self.batches += 1
                 self.partial_batches += 0 if batch.complete else 1
-                self._spread(metas)
+                self.spreads.add(metas)
                 if not put_until_stopped(self.out, batch, self.stop):
                     self.ring.release(slot)
                     return
@@ -312,7 +308,7 @@ class Batcher:
         )
         self.batches += 1
         self.partial_batches += 0 if batch.complete else 1
-        self._spread(metas)
+        self.spreads.add(metas)
         if not put_until_stopped(self.out, batch, self.stop):
             self.ring.release(slot)
             return False
@@ -339,12 +335,12 @@ class Batcher:
     def _metas_only(self, taken: list[tuple[QueuedFrame, int]]) -> list[FrameMeta]:
         """The metas of frames the model will not see (no row, no preparation); a frame
         that cannot even say its size is left out, as in `_fill`."""
-        metas = []
-        for frame, queued_ns in taken:
-            try:
-                meta = frame.meta_only()
-            except Exception as exc:
-                self._failed(frame.camera_index, one_line(str(exc)) or type(exc).__name__)
+        metas = []  # (a frame decoded for an annotated video: in parallel, as in `_fill`)
+        for meta, (frame, queued_ns) in zip(
+            self._prepare_pool().map(_meta_only, [f for f, _ in taken]), taken, strict=True
+        ):
+            if isinstance(meta, str):
+                self._failed(frame.camera_index, meta)
                 continue
             metas.append(dataclasses.replace(meta, queued_ns=queued_ns))
         return metas
@@ -374,22 +370,9 @@ class Batcher:
                 self._last_source_ns[cam] = t
         return detect, predict
 
-    def _spread(self, metas: list[FrameMeta]) -> None:
-        times = [source_time_ns(m.stamp_ns, m.pts_s) for m in metas]
-        known = [t for t in times if t is not None]
-        if len(known) == len(times):
-            with self._spread_lock:
-                self._spreads_ms.append((max(known) - min(known)) / 1e6)
-
     def source_spread_ms(self) -> dict[str, float] | None:
-        """p50 / p99 / max of the batches' spreads of their frames' own times (stamp or pts),
-        ms, over the latest `SPREADS_KEPT` batches; None before any batch with times."""
-        with self._spread_lock:
-            spreads = np.array(self._spreads_ms, dtype=np.float64)
-        if not spreads.size:
-            return None
-        p50, p99 = np.percentile(spreads, (50, 99))
-        return {"p50": float(p50), "p99": float(p99), "max": float(spreads.max())}
+        """p50 / p99 / max of the batches' spreads of their frames' own times (`Spreads`)."""
+        return self.spreads.figures()
 
     def _just_in_time(self) -> bool:
         """With deferred frames, wait until the engine is about to be free less the time a
@@ -401,6 +384,12 @@ class Batcher:
                 return False
         return not self.stop.is_set()
 
+    def _prepare_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            workers = min(len(self.queues.cameras), os.cpu_count() or 1)
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="prepare")
+        return self._pool
+
     def _fill(self, rows: np.ndarray, taken: list[tuple[QueuedFrame, int]]) -> list[FrameMeta]:
         """Write the taken frames into consecutive rows of a slot; their metas, stamped with
         when each was queued. Deferred frames are prepared in parallel."""
@@ -409,11 +398,10 @@ class Batcher:
                 dataclasses.replace(frame.into(rows[k]), queued_ns=queued_ns)
                 for k, (frame, queued_ns) in enumerate(taken)
             ]
-        if self._pool is None:
-            workers = min(len(self.queues.cameras), os.cpu_count() or 1)
-            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="prepare")
         started = time.monotonic_ns()
-        done = list(self._pool.map(_prepare, [f for f, _ in taken], list(rows[: len(taken)])))
+        done = list(
+            self._prepare_pool().map(_prepare, [f for f, _ in taken], list(rows[: len(taken)]))
+        )
         took, ema = time.monotonic_ns() - started, self._prepare_ema_ns
         self._prepare_ema_ns = took if ema == 0 else 0.5 * (ema + took)
         metas: list[FrameMeta] = []
@@ -439,6 +427,14 @@ class Batcher:
 
 def _head_ns(frame: QueuedFrame | None) -> int | None:
     return None if frame is None else frame.source_ns
+
+
+def _meta_only(frame: QueuedFrame) -> FrameMeta | str:
+    """`frame.meta_only()`, or why it could not say its size (as `_prepare`)."""
+    try:
+        return frame.meta_only()
+    except Exception as exc:
+        return one_line(str(exc)) or type(exc).__name__
 
 
 def _prepare(frame: QueuedFrame, row: ImageU8) -> FrameMeta | str:

@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "sources": {"types", "config", "rig", "geometry", "recording"},
     "queues": {"types", "config"},
     "batching": {"types", "config", "buffers", "queues", "alignment", "schedule"},
-    "alignment": set(),  # a replay's batches in time order (the batcher's)
+    "alignment": {"types"},  # a replay's batches in time order (the batcher's)
     "schedule": {"config"},  # the deadline scheduler beside the batcher
     "buffers": {"types", "config"},
     "models": {"types"},

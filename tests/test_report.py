@@ -332,6 +332,16 @@ def test_each_second_of_capture_and_the_schedule_are_in_the_summary_and_page(
     plain = _hand_run(tmp_path / "plain", frames)
     write_report(plain, formats=("html",))
     assert "No budget was held" in (plain / "report.html").read_text()
+    # a damaged schedule (lists of another length, a camera that is not a table) is left out
+    for bad in (
+        {**schedule, "timeline": [{"t_s": 0.0, "detected": [1], "predicted": [1, 2]}]},
+        {**schedule, "cameras": {"left": 3}},
+    ):
+        damaged = _hand_run(
+            tmp_path / f"damaged{len(list(tmp_path.iterdir()))}", frames, schedule=bad
+        )
+        write_report(damaged, formats=("json", "html"))
+        assert json.loads((damaged / "summary.json").read_text())["schedule"] is None
 
 
 # --- run folders in a bad state -------------------------------------------------------------

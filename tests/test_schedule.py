@@ -203,6 +203,7 @@ def test_a_round_answers_every_waiting_frame_predicted_ones_first_without_rows()
     detected = [(m.camera_index, m.frame_index) for b in batches for m in b.frames[: b.detected]]
     assert {(0, 0), (1, 0), (2, 0)} <= set(detected)
     # and a batch of predicted frames has no staging slot and one frame a camera
+    assert any(b.slot == NO_SLOT for b in batches)
     for b in batches:
         if b.slot == NO_SLOT:
             assert b.predicted == b.size

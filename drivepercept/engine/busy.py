@@ -39,7 +39,13 @@ class BusyClock:
         self._rows = 0  # its rows
         self.ema_ns = 0.0  # a moving average of how long one takes
         self.held = False  # a batch taken from the inbox, not yet computing
+        self._held_rows = 0  # its rows
         self._lock = threading.Lock()
+
+    def hold(self, rows: int) -> None:
+        """A batch of `rows` for the model is taken from the inbox, not yet computing."""
+        with self._lock:
+            self.held, self._held_rows = True, rows
 
     def began(self, rows: int) -> int:
         """A compute of `rows` starts now; returns now (monotonic ns)."""
@@ -63,10 +69,12 @@ class BusyClock:
         """When the engine is expected to take its next batch (monotonic ns)."""
         with self._lock:
             since, rows, ema, held = self._since_ns, self._rows, int(self.ema_ns), self.held
+            held_rows = self._held_rows if held and not since else 0
         now = time.monotonic_ns()
         if self.service is not None:  # by rows: batches of every size, and none (passed)
             with self.inbox.mutex:
                 waiting = [b.detected for b in self.inbox.queue if b is not None]
+            waiting.append(held_rows)
             free = max(now, since + int(self.service.estimate_ns(rows))) if since else now
             return free + int(sum(self.service.estimate_ns(r) for r in waiting))
         free = max(now, since + ema) if since else now

@@ -273,10 +273,12 @@ class InferenceEngine:
             staged = self._upload(rows, None)
             computed = time.monotonic_ns()
             flight = self._compute(staged)
-            if size == self.max_batch and not self.cuda and self.step.compiled is None:
+            steady = not self.cuda and self.step.compiled is None  # no first-run set-up
+            if size == self.max_batch and steady:
                 self.busy.ema_ns = float(time.monotonic_ns() - computed)
             self._post(flight)
-            self.busy.served(size, flight.times_ns)
+            if steady:  # (a CUDA or compiled first run would inflate every estimate)
+                self.busy.served(size, flight.times_ns)
             runs.append(WarmupRun(size, (time.perf_counter_ns() - start) / 1e6))
         self.warmup = tuple(runs)
         log.debug("warm-up: %s", ", ".join(f"batch {r.batch_size}: {r.ms:.1f} ms" for r in runs))
@@ -289,7 +291,7 @@ class InferenceEngine:
             self.ready_ns = time.monotonic_ns()
             self.ready.set()
             for batch in take_until_stopped(self.inbox, self.stop):
-                self.busy.held = True  # taken, not yet computing: it counts as waiting
+                self.busy.hold(batch.detected)  # taken, not yet computing: it counts
                 if not batch.detected:  # every frame predicted: nothing for the model
                     if pending is not None:  # in order: the batch before it first
                         self._launch(pending)

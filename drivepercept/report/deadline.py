@@ -42,11 +42,44 @@ def per_second(tl: Timeline, budget_ms: float) -> list[dict[str, Any]]:
     return rows
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _sound(schedule: object) -> bool:
+    """Whether run.json's schedule has the shape the scheduler writes (a damaged or hand-made
+    one is left out of the report, not a traceback)."""
+    if not isinstance(schedule, dict):
+        return False
+    if not (_number(schedule.get("budget_ms")) and _number(schedule.get("max_gap_ms"))):
+        return False
+    cameras, timeline = schedule.get("cameras"), schedule.get("timeline") or []
+    fields = ("priority", "detected", "predicted", "detected_share", "forced", "longest_gap_ms")
+    if not isinstance(cameras, dict) or not isinstance(timeline, list):
+        return False
+    if not all(
+        isinstance(c, dict) and all(_number(c.get(f)) for f in fields) for c in cameras.values()
+    ):
+        return False
+    return all(
+        isinstance(e, dict)
+        and _number(e.get("t_s"))
+        and all(
+            isinstance(e.get(k), list) and all(map(_number, e[k]))
+            for k in ("detected", "predicted")
+        )
+        and len(e["detected"]) == len(e["predicted"]) == len(cameras)
+        for e in timeline
+    )
+
+
 def schedule_summary(schedule: dict[str, Any] | None) -> dict[str, Any] | None:
     """run.json's schedule as the summary keeps it: settings and per camera figures, and
-    per second the share of each camera's frames that were detected."""
-    if not schedule:
+    per second the share of each camera's frames that were detected; None without one, or
+    for one that is damaged (`_sound`)."""
+    if not _sound(schedule):
         return None
+    assert schedule is not None
     shares = []
     for entry in schedule.get("timeline") or []:
         det, pred = entry.get("detected") or [], entry.get("predicted") or []

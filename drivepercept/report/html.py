@@ -266,10 +266,11 @@ def deadline_section(summary: dict[str, Any], cameras: list[str]) -> str:
     head = ["camera", "priority", "detected", "predicted", "detected %", "forced"]
     head.append("longest gap ms")
     held = (
-        f"The scheduler held a {budget:g} ms budget: per camera and frame, the model or the "
-        f"tracker's prediction for the frame's capture time. A camera's first frame, and "
-        f"one {schedule['max_gap_ms']:g} ms after its last detected one, went to the model "
-        f"whatever the budget said (forced)."
+        f"The scheduler held a {schedule['budget_ms']:g} ms budget: per camera and frame, "
+        "the model or the tracker's prediction for the frame's capture time. A camera's "
+        f"first frame, and one {schedule['max_gap_ms']:g} ms after its last detected one, "
+        "went to the model whatever the budget said (forced); its longest gap counts a "
+        "camera's outages too."
     )
     return (
         f"<h2>Deadline</h2><p>{esc(held)}</p>"

@@ -250,6 +250,7 @@ def run(
     cams = resolve_sources(options.sources, live=pacing is Pacing.LIVE, topics=options.topics)
     check_outputs(options, cams)  # an output over an input: refused before anything opens
     config = options.pipeline()
+    priorities = options.camera_priorities(cams)  # a name of no camera: said before opening
     resolve_device(config.device)  # a missing GPU is said before any model is loaded
     capture_stop = threading.Event()
     readers = open_cameras(
@@ -284,7 +285,7 @@ def run(
             or options.rerun is not None,
             capture_stop=capture_stop,
             stage=tracker,
-            priorities=options.camera_priorities(cams),
+            priorities=priorities,
             detect_every=every,
         )
         if options.metrics_port is not None:

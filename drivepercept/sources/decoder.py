@@ -27,7 +27,7 @@ from typing import Protocol
 import cv2
 
 from drivepercept.errors import RepeatedWarning, one_line, redact
-from drivepercept.sources.imagesize import encoded_size, size_refusal
+from drivepercept.sources.imagesize import encoded_size, frame_refusal
 from drivepercept.sources.prepare import plan_letterbox, prepare, prepare_into
 from drivepercept.sources.readers import CorruptFrameError, FrameReader, RawFrame
 from drivepercept.types import (
@@ -121,8 +121,10 @@ class DeferredFrame:
 
     def meta_only(self) -> FrameMeta:
         """Its meta without preparing it (the model will not see it): its size read from
-        the encoded frame's header, decoded only when its original pixels are kept (an
-        annotated video) or the header does not say.
+        the encoded frame's header (held to the frame limit as decoding would be), decoded
+        only when its original pixels are kept (an annotated video) or the header does not
+        say. A frame whose header is sound and whose body is not is answered, not counted
+        undecodable: its body is never read.
 
         Raises:
             SourceError: the frame does not decode (when it has to be).
@@ -130,9 +132,10 @@ class DeferredFrame:
         raw = self.raw
         if raw.refused is not None:
             raise CorruptFrameError(raw.refused)
-        size = None if raw.decoded or self.keep_original else encoded_size(raw.jpeg or b"")
-        if size is not None and (why := size_refusal(*size)) is not None:
-            raise CorruptFrameError(f"refused before decoding: {why}")
+        data = raw.jpeg or b""
+        size = None if raw.decoded or self.keep_original else encoded_size(data)
+        if size is not None and (why := None if raw.checked else frame_refusal(data)):
+            raise CorruptFrameError(f"refused before decoding: {why}")  # as decoding would
         image = None
         if size is None:
             decoded_before = raw.decoded
