@@ -325,20 +325,19 @@ class Batcher:
         last = self._last_source_ns.get(cam)
         for k, frame in enumerate(frames):
             t = frame.source_ns
-            if scheduler.due(cam, frame.capture_ns) or (
-                t is not None and last is not None and abs(t - last) > DETECT_AFTER_GAP_NS
-            ):
+            if scheduler.due(cam, frame.capture_ns) or _after_gap(t, last):
                 return k
             last = t if t is not None else last
         return None
 
     def _metas_only(self, taken: list[tuple[QueuedFrame, int]]) -> list[FrameMeta]:
-        """The metas of frames the model will not see (no row, no preparation); a frame
-        that cannot even say its size is left out, as in `_fill`."""
-        metas = []  # (a frame decoded for an annotated video: in parallel, as in `_fill`)
-        for meta, (frame, queued_ns) in zip(
-            self._prepare_pool().map(_meta_only, [f for f, _ in taken]), taken, strict=True
-        ):
+        """The metas of frames the model will not see (no row, no preparation; frames kept
+        for an annotated video are decoded, in parallel as in `_fill`); a frame that cannot
+        even say its size is left out, as in `_fill`."""
+        frames, metas = [f for f, _ in taken], []
+        decode = len(frames) > 1 and any(getattr(f, "keep_original", False) for f in frames)
+        found = self._prepare_pool().map(_meta_only, frames) if decode else map(_meta_only, frames)
+        for meta, (frame, queued_ns) in zip(found, taken, strict=True):
             if isinstance(meta, str):
                 self._failed(frame.camera_index, meta)
                 continue
@@ -362,9 +361,8 @@ class Batcher:
             cam = frame.camera_index
             k = self._taken.get(cam, 0)
             t, last = frame.source_ns, self._last_source_ns.get(cam)
-            gap = t is not None and last is not None and abs(t - last) > DETECT_AFTER_GAP_NS
             due = detect_due(k, cam, self.detect_every[cam])
-            (detect if gap or due else predict).append(item)
+            (detect if _after_gap(t, last) or due else predict).append(item)
             self._taken[cam] = k + 1
             if t is not None:
                 self._last_source_ns[cam] = t
@@ -427,6 +425,12 @@ class Batcher:
 
 def _head_ns(frame: QueuedFrame | None) -> int | None:
     return None if frame is None else frame.source_ns
+
+
+def _after_gap(t: int | None, last: int | None) -> bool:
+    """A frame over `DETECT_AFTER_GAP_NS` from its camera's previous one (either way: a
+    reconnect, a stall): its camera's tracks are stale, so the model sees it."""
+    return t is not None and last is not None and abs(t - last) > DETECT_AFTER_GAP_NS
 
 
 def _meta_only(frame: QueuedFrame) -> FrameMeta | str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hostile import huge_jpegs, jpeg
 
 from drivepercept.batching import Batcher
 from drivepercept.buffers import StagingRing
@@ -21,7 +22,17 @@ from drivepercept.config import PipelineConfig
 from drivepercept.errors import ConfigError
 from drivepercept.queues import CameraQueues
 from drivepercept.schedule import COLD_ERRORS, Candidate, DeadlineScheduler, ServiceTimes
-from drivepercept.types import NO_SLOT, Batch, DropPolicy, Frame, FrameMeta, Letterbox
+from drivepercept.sources.decoder import DeferredFrame, FrameCounts
+from drivepercept.sources.readers import CorruptFrameError, RawFrame
+from drivepercept.types import (
+    NO_SLOT,
+    Batch,
+    DropPolicy,
+    Frame,
+    FrameMeta,
+    InputSpec,
+    Letterbox,
+)
 
 Cli = Callable[[list[str]], tuple[int, str]]
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_videos"
@@ -328,3 +339,32 @@ def test_a_rig_file_priority_that_is_not_a_number_is_one_line_and_exit_2(
     )  # fmt: skip
     assert code == 2, err
     assert "priority must be a number, got 'high'" in err and "Traceback" not in err
+
+
+def _deferred(data: bytes, *, keep_original: bool = False) -> DeferredFrame:
+    return DeferredFrame(
+        raw=RawFrame(image=None, pts_s=0.0, arrived_ns=1, jpeg=data),
+        spec=InputSpec(size=(32, 32)),
+        camera="c0",
+        camera_index=0,
+        frame_index=0,
+        capture_ns=1,
+        read_ns=1,
+        keep_original=keep_original,
+        counts=FrameCounts(),
+    )
+
+
+def test_a_predicted_frame_reads_its_header_only_held_to_the_frame_limit() -> None:
+    # a sound frame the model will not see: its size from its header, never decoded
+    frame = _deferred(jpeg(64, 48))
+    assert frame.meta_only().letterbox.src_size == (64, 48)
+    assert not frame.raw.decoded and frame.counts.get() == (0, 0, 0)
+    # kept for an annotated video: decoded, its pixels carried
+    kept = _deferred(jpeg(64, 48), keep_original=True).meta_only()
+    assert kept.original_bgr is not None and kept.original_bgr.shape == (48, 64, 3)
+    # a few hundred bytes declaring 30000x30000: refused as decoding would refuse it
+    for name, data in huge_jpegs().items():
+        with pytest.raises(CorruptFrameError, match="refused before decoding"):
+            _deferred(data).meta_only()
+        assert not _deferred(data).raw.decoded, name
