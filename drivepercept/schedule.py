@@ -85,10 +85,21 @@ class ServiceTimes:
             maxlen=SERVICE_SAMPLES
         )
         self._lock = threading.Lock()
+        self._provisional = 0  # of the samples, the first ones that are a warm-up's
 
-    def add(self, rows: int, ns: int) -> None:
+    def add(self, rows: int, ns: int, *, provisional: bool = False) -> None:
+        """A model batch of `rows` that took `ns`. `provisional` ones (the warm-up's) give a
+        first estimate and are dropped when the run's first batch is measured: a model's
+        first calls on a machine still starting a run can take several times its steady
+        time (490 ms for six rows against 100 ms, in `eval --streaming` on the 2-core host),
+        and kept among batches of one size they held every smaller batch out for a run."""
         if rows > 0 and ns > 0:
             with self._lock:
+                if provisional:
+                    self._provisional += 1
+                elif self._provisional:
+                    self._samples.clear()
+                    self._provisional = 0
                 self._samples.append((rows, ns))
 
     def largest_recent(self) -> int:

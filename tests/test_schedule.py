@@ -66,6 +66,21 @@ def test_service_time_is_a_line_through_the_batches_scaled_by_the_latest_overrun
     assert clock.estimate_ns(2) / MS == pytest.approx(50, rel=0.05)
 
 
+def test_a_slow_warm_up_gives_the_first_estimate_and_goes_with_the_first_real_batch() -> None:
+    """The warm-up's batches (a model's first calls, 490 ms for six rows in one eval run
+    against 100 ms after) are provisional: kept among batches of one size they held every
+    smaller batch out of a whole run."""
+    clock = ServiceTimes()
+    clock.add(6, 490 * MS, provisional=True)
+    clock.add(1, 70 * MS, provisional=True)
+    assert clock.estimate_ns(1) / MS > 60  # a first estimate, from the warm-up
+    clock.add(6, 100 * MS)  # the run's first batch: the warm-up's go
+    assert clock.estimate_ns(6) / MS == pytest.approx(100, rel=0.01)
+    assert clock.estimate_ns(1) / MS < 30  # a single frame fits a 100 ms budget again
+    clock.add(1, 25 * MS)  # later batches stay, whatever they are
+    assert clock.estimate_ns(6) / MS == pytest.approx(100, rel=0.05)
+
+
 def test_frames_that_fit_the_budget_are_detected_and_one_that_cannot_is_not() -> None:
     s = _fed(_scheduler(), ms_per_row=10.0)
     now = 10_000 * MS

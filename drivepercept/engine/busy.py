@@ -23,7 +23,7 @@ from drivepercept.types import Batch
 class ServiceClock(Protocol):
     """What measures the model's service time (`schedule.ServiceTimes`)."""
 
-    def add(self, rows: int, ns: int) -> None: ...
+    def add(self, rows: int, ns: int, *, provisional: bool = False) -> None: ...
 
     def estimate_ns(self, rows: int) -> float: ...
 
@@ -60,10 +60,12 @@ class BusyClock:
             self.ema_ns = took_ns if self.ema_ns == 0 else 0.5 * (self.ema_ns + took_ns)
             self._since_ns = 0
 
-    def served(self, rows: int, times_ns: dict[str, int]) -> None:
-        """A model batch's compute time (device time on CUDA) to the service clock."""
+    def served(self, rows: int, times_ns: dict[str, int], *, provisional: bool = False) -> None:
+        """A model batch's compute time (device time on CUDA) to the service clock
+        (`provisional`: a warm-up's, kept only until the run measures its own)."""
         if self.service is not None and rows:
-            self.service.add(rows, times_ns["inference_done"] - times_ns["compute_start"])
+            took = times_ns["inference_done"] - times_ns["compute_start"]
+            self.service.add(rows, took, provisional=provisional)
 
     def free_at_ns(self) -> int:
         """When the engine is expected to take its next batch (monotonic ns)."""

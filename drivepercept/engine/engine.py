@@ -278,7 +278,7 @@ class InferenceEngine:
                 self.busy.ema_ns = float(time.monotonic_ns() - computed)
             self._post(flight)
             if steady:  # (a CUDA or compiled first run would inflate every estimate)
-                self.busy.served(size, flight.times_ns)
+                self.busy.served(size, flight.times_ns, provisional=True)
             runs.append(WarmupRun(size, (time.perf_counter_ns() - start) / 1e6))
         self.warmup = tuple(runs)
         log.debug("warm-up: %s", ", ".join(f"batch {r.batch_size}: {r.ms:.1f} ms" for r in runs))
