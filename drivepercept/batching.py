@@ -32,8 +32,7 @@ runs the model on the first rows only; the tracking stage answers the rest. Came
 frame is detected when k is 0 or (k + c) is a multiple of N (staggered: with N or more
 cameras in step, each batch has some detected frames and the model's work per batch stays
 about even; with fewer, some batches have none and pass the device by), and when it comes
-over a second after the camera's previous frame (a reconnect or a stall: the tracks are
-stale).
+over a second after the camera's previous frame (a reconnect, a stall: stale tracks).
 
 With a deadline (`config.deadline_ms`) no frame is dropped for a newer one: each round takes
 every waiting frame, the scheduler beside it (`schedule.DeadlineScheduler`) picks the cameras
@@ -229,11 +228,10 @@ class Batcher:
     def _scheduled_round(self, slot: int, scheduler: DeadlineScheduler) -> bool:
         """One round with a deadline (`schedule`): every waiting frame of every camera is
         taken and answered; the scheduler picks the cameras whose newest frame the model
-        sees (a camera that must be detected, `_must_detect`, gives that frame, and its later
-        frames wait for the next round). The others go first,
-        as batches without rows (one frame a camera each), answered by the tracking stage
-        as soon as the batch before them is out; then the model's batch in `slot`. False
-        when stopped."""
+        sees (a camera that must be detected, `_must_detect`, gives that frame, its later
+        frames wait). The others go first, as batches without rows (one frame a camera
+        each), answered by the tracking stage as soon as the batch before them is out; then
+        the model's batch in `slot`. False when stopped."""
         qs = self.queues
         now = time.monotonic_ns()
         with qs.cond:
@@ -261,14 +259,15 @@ class Batcher:
         detect = [rounds[c][-1] for c in sorted(chosen)]
         done = max(now, start) + prep + scheduler.service.estimate_ns(len(detect))
         layers: list[list[tuple[QueuedFrame, int]]] = []
+        unseen: dict[int, int] = {}  # camera -> frames since its last detected one
         for cam, taken in rounds.items():
             before = taken[:-1] if cam in chosen else taken
             for k, item in enumerate(before):
                 if k == len(layers):
                     layers.append([])
                 layers[k].append(item)
-            since = self._since_detected.get(cam, 0) + len(taken)
-            self._since_detected[cam] = 0 if cam in chosen else since
+            unseen[cam] = self._since_detected.get(cam, 0) + len(taken)
+            self._since_detected[cam] = 0 if cam in chosen else unseen[cam]
             for frame, _ in taken:
                 if frame.source_ns is not None:
                     self._last_source_ns[cam] = frame.source_ns
@@ -291,6 +290,8 @@ class Batcher:
                 self.ring.release(slot)
                 return False
         metas = self._fill(self.ring.arrays[slot], detect) if detect else []
+        for cam in chosen - {m.camera_index for m in metas}:  # its frame failed to prepare
+            self._since_detected[cam] = unseen[cam]
         index = self.batches if metas else None
         scheduler.decided(
             batch_index=index,
@@ -318,10 +319,9 @@ class Batcher:
         self, cam: int, frames: list[QueuedFrame], scheduler: DeadlineScheduler
     ) -> int | None:
         """Which of a camera's waiting frames (oldest first) the model must see, if one
-        must: the first that the scheduler says is due (the camera has had none detected,
-        so its tracks would be nothing to predict from, or its last detected frame is the
-        starvation bound older), or that comes over `DETECT_AFTER_GAP_NS` after its previous
-        frame (a reconnect, a stall: the tracks are stale)."""
+        must: the first the scheduler says is due (none detected yet: nothing to predict
+        from; or the starvation bound), or that comes `DETECT_AFTER_GAP_NS` after its
+        previous frame (a reconnect, a stall: the tracks are stale)."""
         last = self._last_source_ns.get(cam)
         for k, frame in enumerate(frames):
             t = frame.source_ns

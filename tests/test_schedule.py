@@ -3,6 +3,7 @@ frame is answered within a latency budget; priorities, the starvation bound, bad
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import threading
@@ -383,3 +384,50 @@ def test_a_predicted_frame_reads_its_header_only_held_to_the_frame_limit() -> No
         with pytest.raises(CorruptFrameError, match="refused before decoding"):
             _deferred(data).meta_only()
         assert not _deferred(data).raw.decoded, name
+
+
+def test_a_chosen_frame_that_fails_to_prepare_does_not_count_as_detected() -> None:
+    # given one camera detected at most every 3rd frame, its first frame detected
+    stop = threading.Event()
+    qs = CameraQueues(["c0"], capacity=8, policy=DropPolicy.DROP_OLDEST)
+    ring = StagingRing(slots=4, max_batch=1, height=8, width=8, pin_memory=False)
+    out: queue.Queue[Batch | None] = queue.Queue(maxsize=16)
+    batcher = Batcher(
+        queues=qs, ring=ring, out=out, timeout_ms=5, stop=stop,
+        scheduler=_fed(_scheduler(1), ms_per_row=1.0), free_at=time.monotonic_ns,
+        detect_every=3,
+    )  # fmt: skip
+    now = time.monotonic_ns()
+    batches: list[Batch] = []
+
+    def answered(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while sum(len(b.frames) for b in batches) < count and time.monotonic() < deadline:
+            item = out.get(timeout=10)
+            assert item is not None
+            batches.append(item)
+            if item.slot != NO_SLOT:
+                ring.release(item.slot)
+
+    qs.put(0, _frame(0, 0, now), stop=stop)
+    batcher.start()
+    answered(1)
+    # when frames 1-4 wait together and the one the model would see (4) is corrupt
+    bad = dataclasses.replace(_deferred(b"not a jpeg"), frame_index=4, capture_ns=now + 4 * MS)
+    with qs.cond:  # (the batcher sees the four at once)
+        for k in (1, 2, 3):
+            qs.put(0, _frame(0, k, now + k * MS), stop=stop)
+        qs.put(0, bad, stop=stop)
+    answered(4)  # frames 1-3 predicted; 4 failed, unanswered
+    time.sleep(0.05)
+    # then the camera has still gone 4 frames without a detection: its next frame is seen
+    qs.put(0, _frame(0, 5, now + 5 * MS), stop=stop)
+    qs.end(0)
+    while (item := out.get(timeout=10)) is not None:
+        batches.append(item)
+        if item.slot != NO_SLOT:
+            ring.release(item.slot)
+    batcher.thread.join(timeout=2)
+    detected = [m.frame_index for b in batches for m in b.frames[: b.detected]]
+    assert detected == [0, 5]
+    assert batcher.failed_by_camera == {0: 1}
