@@ -4,6 +4,7 @@ thread, the errors a user can cause, and the web viewer in Debian's headless Chr
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import shutil
@@ -246,6 +247,33 @@ def test_a_saved_recording_holds_every_cameras_images_and_boxes(
     # the class names once, for every camera below "cameras"
     (context,) = recording.entity("cameras")
     assert "AnnotationContext:context" in context
+
+
+def test_a_predicted_frame_is_labelled_so_and_drawn_thinner(
+    tmp_path: Path, saved: Callable[..., RerunSink]
+) -> None:
+    # given a detected frame, then one the model did not see (the tracker's boxes)
+    path = tmp_path / "run.rrd"
+    sink = saved(path)
+    detected = _result("front", 0)
+    guess = _result("front", 1)
+    guess = dataclasses.replace(
+        guess, detections=dataclasses.replace(guess.detections, predicted=True)
+    )
+    sink.write(detected)
+    sink.write(guess)
+    sink.close()
+    # then the predicted frame's labels say so and its boxes are thinner; the other's not
+    rows = Recording(path).entity(f"{camera_path('front')}/image/boxes")
+    assert [r["frame_index"] for r in rows] == [0, 1]
+    names = guess.detections.names
+    assert rows[1]["Boxes2D:labels"] == [
+        f"{n} {s:.2f} predicted"
+        for n, s in zip(names, guess.detections.scores.tolist(), strict=True)
+    ]
+    assert rows[1]["Boxes2D:radii"] == pytest.approx([0.5])
+    assert not any("predicted" in label for label in rows[0]["Boxes2D:labels"])
+    assert rows[0].get("Boxes2D:radii") in (None, [])
 
 
 def test_the_recording_name_and_layout_reach_the_file(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import queue
 import threading
 import time
@@ -22,17 +23,21 @@ from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.errors import ConfigError
 from drivepercept.queues import CameraQueues
+from drivepercept.run.console import say_dropped
 from drivepercept.schedule import COLD_ERRORS, Candidate, DeadlineScheduler, ServiceTimes
 from drivepercept.sources.decoder import DeferredFrame, FrameCounts
 from drivepercept.sources.readers import CorruptFrameError, RawFrame
 from drivepercept.types import (
     NO_SLOT,
     Batch,
+    CameraSnapshot,
+    CameraState,
     DropPolicy,
     Frame,
     FrameMeta,
     InputSpec,
     Letterbox,
+    ReaderStatus,
 )
 
 Cli = Callable[[list[str]], tuple[int, str]]
@@ -431,3 +436,17 @@ def test_a_chosen_frame_that_fails_to_prepare_does_not_count_as_detected() -> No
     detected = [m.frame_index for b in batches for m in b.frames[: b.detected]]
     assert detected == [0, 5]
     assert batcher.failed_by_camera == {0: 1}
+
+
+def test_a_budget_run_that_dropped_frames_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    def camera(name: str, dropped: int) -> CameraSnapshot:
+        state = CameraState.ENDED
+        return CameraSnapshot(name, state, 100, dropped, 15.0, 50.0, 100, 0, 0, ReaderStatus(state))
+
+    with caplog.at_level(logging.WARNING, logger="drivepercept.run.console"):
+        say_dropped([camera("front", 0), camera("back", 0)], 8)
+    assert caplog.records == []  # every frame answered: nothing to say
+    with caplog.at_level(logging.WARNING, logger="drivepercept.run.console"):
+        say_dropped([camera("front", 3), camera("back", 2)], 8)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("5 frames were dropped although a budget") and "(8 frames)" in line
