@@ -17,6 +17,9 @@ from drivepercept.types import FrameMeta, source_time_ns
 ALIGN_MAX_SPAN_NS = 10_000_000_000
 _DEFAULT_PERIOD_NS = 100_000_000  # the tolerance before any camera's frame period is known
 _PERIODS_KEPT = 8  # a camera's period: the median of its latest intervals
+# detection interval: a camera's frame this long after its previous one is detected (a
+# reconnect or a stall: the tracks the tracker would move on are stale)
+DETECT_AFTER_GAP_NS = 1_000_000_000
 SPREADS_KEPT = 100_000  # batches whose time spread the run's figures are taken over
 
 
@@ -89,3 +92,9 @@ class Spreads:
             return None
         p50, p99 = np.percentile(spreads, (50, 99))
         return {"p50": float(p50), "p99": float(p99), "max": float(spreads.max())}
+
+
+def after_gap(t: int | None, last: int | None) -> bool:
+    """A frame over `DETECT_AFTER_GAP_NS` from its camera's previous one (either way: a
+    reconnect, a stall): its camera's tracks are stale, so the model sees it."""
+    return t is not None and last is not None and abs(t - last) > DETECT_AFTER_GAP_NS

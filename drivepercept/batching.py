@@ -60,7 +60,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from drivepercept.alignment import Spreads, TimeAligner
+from drivepercept.alignment import Spreads, TimeAligner, after_gap
 from drivepercept.buffers import StagingRing
 from drivepercept.config import detect_due
 from drivepercept.errors import RepeatedWarning, one_line
@@ -72,9 +72,6 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.1
 ALIGN_WAIT_S = 1.0  # how long a replay batch waits for a camera that has no frame queued
-# detection interval: a camera's frame this long after its previous one is detected (a
-# reconnect or a stall: the tracks the tracker would move on are stale)
-DETECT_AFTER_GAP_NS = 1_000_000_000
 
 
 class Batcher:
@@ -239,14 +236,16 @@ class Batcher:
             live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
             rounds: dict[int, list[tuple[QueuedFrame, int]]] = {}
             forced: list[int] = []
+            resumed: set[int] = set()  # of them, cameras back after a gap in their frames
             for cam in range(n):
                 frames = qs.waiting_frames(cam)
                 if not frames:
                     continue
-                first = self._must_detect(cam, frames, scheduler)
-                if first is not None:
+                must = self._must_detect(cam, frames, scheduler)
+                if must is not None:
                     forced.append(cam)
-                rounds[cam] = qs.take_oldest(cam, len(frames) if first is None else first + 1)
+                    resumed |= {cam} if must[1] else set()
+                rounds[cam] = qs.take_oldest(cam, len(frames) if must is None else must[0] + 1)
         candidates = []
         for cam, taken in rounds.items():
             newest = taken[-1][0]
@@ -298,6 +297,7 @@ class Batcher:
             detected=[(m.camera_index, m.capture_ns) for m in metas],
             predicted=predicted,
             forced=[m.camera_index for m in metas if m.camera_index in forced],
+            resumed=[m.camera_index for m in metas if m.camera_index in resumed],
             expected_done_ns=int(done),
             now_ns=now,
         )
@@ -317,16 +317,18 @@ class Batcher:
 
     def _must_detect(
         self, cam: int, frames: list[QueuedFrame], scheduler: DeadlineScheduler
-    ) -> int | None:
+    ) -> tuple[int, bool] | None:
         """Which of a camera's waiting frames (oldest first) the model must see, if one
-        must: the first the scheduler says is due (none detected yet: nothing to predict
-        from; or the starvation bound), or that comes `DETECT_AFTER_GAP_NS` after its
-        previous frame (a reconnect, a stall: the tracks are stale)."""
+        must, and whether for a gap: the first the scheduler says is due (none detected
+        yet: nothing to predict from; or the starvation bound), or that comes
+        `DETECT_AFTER_GAP_NS` after its previous frame (a reconnect, a stall: stale tracks)."""
         last = self._last_source_ns.get(cam)
         for k, frame in enumerate(frames):
             t = frame.source_ns
-            if scheduler.due(cam, frame.capture_ns) or _after_gap(t, last):
-                return k
+            if after_gap(t, last):
+                return k, True
+            if scheduler.due(cam, frame.capture_ns):
+                return k, False
             last = t if t is not None else last
         return None
 
@@ -362,7 +364,7 @@ class Batcher:
             k = self._taken.get(cam, 0)
             t, last = frame.source_ns, self._last_source_ns.get(cam)
             due = detect_due(k, cam, self.detect_every[cam])
-            (detect if _after_gap(t, last) or due else predict).append(item)
+            (detect if after_gap(t, last) or due else predict).append(item)
             self._taken[cam] = k + 1
             if t is not None:
                 self._last_source_ns[cam] = t
@@ -425,12 +427,6 @@ class Batcher:
 
 def _head_ns(frame: QueuedFrame | None) -> int | None:
     return None if frame is None else frame.source_ns
-
-
-def _after_gap(t: int | None, last: int | None) -> bool:
-    """A frame over `DETECT_AFTER_GAP_NS` from its camera's previous one (either way: a
-    reconnect, a stall): its camera's tracks are stale, so the model sees it."""
-    return t is not None and last is not None and abs(t - last) > DETECT_AFTER_GAP_NS
 
 
 def _meta_only(frame: QueuedFrame) -> FrameMeta | str:

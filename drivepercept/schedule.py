@@ -242,16 +242,18 @@ class DeadlineScheduler:
         forced: Sequence[int],
         expected_done_ns: int,
         now_ns: int,
+        resumed: Sequence[int] = (),
     ) -> None:
         """Record a round: `detected` (camera, capture ns) in model batch `batch_index`
-        (None: none), of them the cameras `forced`, the cameras of the frames `predicted`,
-        and when the model batch's answers are expected."""
+        (None: none), of them the cameras `forced` and those `resumed` after a gap in their
+        frames (an outage is not a gap between detections), the cameras of the frames
+        `predicted`, and when the model batch's answers are expected."""
         with self._lock:
             if self._start_ns is None:
                 self._start_ns = now_ns
             for cam, capture in detected:
                 before = self._last_detected_ns[cam]
-                if before is not None:
+                if before is not None and cam not in resumed:
                     self._longest_gap_ns[cam] = max(self._longest_gap_ns[cam], capture - before)
                 self._last_detected_ns[cam] = capture if before is None else max(capture, before)
                 self._detected[cam] += 1

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from drivepercept.batching import DETECT_AFTER_GAP_NS, Batcher
+from drivepercept.alignment import DETECT_AFTER_GAP_NS
+from drivepercept.batching import Batcher
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.errors import ConfigError

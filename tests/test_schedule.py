@@ -171,6 +171,23 @@ def test_the_starvation_bound_makes_a_frame_due() -> None:
     assert s.due(0, 1_500 * MS)
 
 
+def test_the_longest_gap_between_detections_leaves_out_an_outage() -> None:
+    s = _scheduler(1)
+
+    def detect(at_ms: int, *, resumed: bool = False) -> None:
+        s.decided(
+            batch_index=None, detected=[(0, at_ms * MS)], predicted=[], forced=[],
+            expected_done_ns=0, now_ns=at_ms * MS, resumed=[0] if resumed else [],
+        )  # fmt: skip
+
+    detect(0)
+    detect(400)
+    detect(5_400, resumed=True)  # the camera was gone 5 s: no gap between detections
+    detect(5_700)
+    gap = s.figures()["cameras"]["c0"]["longest_gap_ms"]  # type: ignore[index]
+    assert gap == pytest.approx(400.0)
+
+
 def test_the_margin_learns_how_late_answers_come_and_is_bounded() -> None:
     s = _scheduler(1)
     assert s.margin_ns() / MS == pytest.approx(10.0)  # nothing measured: a tenth of the budget

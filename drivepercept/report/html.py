@@ -269,8 +269,8 @@ def deadline_section(summary: dict[str, Any], cameras: list[str]) -> str:
         f"The scheduler held a {schedule['budget_ms']:g} ms budget: per camera and frame, "
         "the model or the tracker's prediction for the frame's capture time. A camera's "
         f"first frame, and one {schedule['max_gap_ms']:g} ms after its last detected one, "
-        "went to the model whatever the budget said (forced); its longest gap counts a "
-        "camera's outages too."
+        "went to the model whatever the budget said (forced); the longest gap between "
+        "detections leaves out the time a camera sent no frames (an outage)."
     )
     return (
         f"<h2>Deadline</h2><p>{esc(held)}</p>"
