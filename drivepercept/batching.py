@@ -100,6 +100,7 @@ class Batcher:
         self._since_detected: dict[int, int] = {}  # scheduler: frames since the last detected
         self._taken: dict[int, int] = {}  # per camera index: frames taken so far
         self._last_source_ns: dict[int, int] = {}  # per camera index: its latest frame's time
+        self._resuming: set[int] = set()  # cameras back after a gap, not yet detected again
         self.aligner = TimeAligner() if align else None
         self._incomplete_since_ns: int | None = None  # align: since when a camera is awaited
         self._stalled: set[int] = set()  # align: cameras waited out, until they deliver
@@ -236,7 +237,6 @@ class Batcher:
             live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
             rounds: dict[int, list[tuple[QueuedFrame, int]]] = {}
             forced: list[int] = []
-            resumed: set[int] = set()  # of them, cameras back after a gap in their frames
             for cam in range(n):
                 frames = qs.waiting_frames(cam)
                 if not frames:
@@ -244,7 +244,7 @@ class Batcher:
                 must = self._must_detect(cam, frames, scheduler)
                 if must is not None:
                     forced.append(cam)
-                    resumed |= {cam} if must[1] else set()
+                    self._resuming |= {cam} if must[1] else set()
                 rounds[cam] = qs.take_oldest(cam, len(frames) if must is None else must[0] + 1)
         candidates = []
         for cam, taken in rounds.items():
@@ -292,12 +292,14 @@ class Batcher:
         for cam in chosen - {m.camera_index for m in metas}:  # its frame failed to prepare
             self._since_detected[cam] = unseen[cam]
         index = self.batches if metas else None
+        resumed = self._resuming & {m.camera_index for m in metas}
+        self._resuming -= resumed
         scheduler.decided(
             batch_index=index,
             detected=[(m.camera_index, m.capture_ns) for m in metas],
             predicted=predicted,
             forced=[m.camera_index for m in metas if m.camera_index in forced],
-            resumed=[m.camera_index for m in metas if m.camera_index in resumed],
+            resumed=sorted(resumed),
             expected_done_ns=int(done),
             now_ns=now,
         )
@@ -320,8 +322,8 @@ class Batcher:
     ) -> tuple[int, bool] | None:
         """Which of a camera's waiting frames (oldest first) the model must see, if one
         must, and whether for a gap: the first the scheduler says is due (none detected
-        yet: nothing to predict from; or the starvation bound), or that comes
-        `DETECT_AFTER_GAP_NS` after its previous frame (a reconnect, a stall: stale tracks)."""
+        yet: nothing to predict from; or the starvation bound), or that comes over a second
+        after its previous frame by their own times (`after_gap`: a reconnect, a stall)."""
         last = self._last_source_ns.get(cam)
         for k, frame in enumerate(frames):
             t = frame.source_ns
@@ -352,8 +354,7 @@ class Batcher:
         """The taken frames the model sees and those the tracker answers (`detect_every`):
         camera c's k-th frame is detected when k is 0 or (k + c) is a multiple of its
         interval (the cameras staggered, so that batches share the work), or when it comes over
-        `DETECT_AFTER_GAP_NS` after the camera's previous one (a reconnect, a stall: its
-        tracks are stale)."""
+        a second after the camera's previous one (`after_gap`: its tracks are stale)."""
         if max(self.detect_every, default=1) <= 1:
             return taken, []
         detect: list[tuple[QueuedFrame, int]] = []

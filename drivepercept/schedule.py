@@ -245,9 +245,9 @@ class DeadlineScheduler:
         resumed: Sequence[int] = (),
     ) -> None:
         """Record a round: `detected` (camera, capture ns) in model batch `batch_index`
-        (None: none), of them the cameras `forced` and those `resumed` after a gap in their
-        frames (an outage is not a gap between detections), the cameras of the frames
-        `predicted`, and when the model batch's answers are expected."""
+        (None: none), of them the cameras `forced` and those `resumed` after a break in their
+        frames (the gap since their previous detection spans it: not counted), the cameras
+        of the frames `predicted`, and when the model batch's answers are expected."""
         with self._lock:
             if self._start_ns is None:
                 self._start_ns = now_ns

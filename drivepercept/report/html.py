@@ -270,7 +270,8 @@ def deadline_section(summary: dict[str, Any], cameras: list[str]) -> str:
         "the model or the tracker's prediction for the frame's capture time. A camera's "
         f"first frame, and one {schedule['max_gap_ms']:g} ms after its last detected one, "
         "went to the model whatever the budget said (forced); the longest gap between "
-        "detections leaves out the time a camera sent no frames (an outage)."
+        "detections leaves out gaps across a break in a camera's frames (over a second "
+        "between two of them: a reconnect, a stall)."
     )
     return (
         f"<h2>Deadline</h2><p>{esc(held)}</p>"
