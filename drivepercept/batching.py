@@ -244,7 +244,8 @@ class Batcher:
                 must = self._must_detect(cam, frames, scheduler)
                 if must is not None:
                     forced.append(cam)
-                    self._resuming |= {cam} if must[1] else set()
+                    if must[1]:
+                        self._resuming.add(cam)
                 rounds[cam] = qs.take_oldest(cam, len(frames) if must is None else must[0] + 1)
         candidates = []
         for cam, taken in rounds.items():

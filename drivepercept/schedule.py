@@ -85,7 +85,7 @@ class ServiceTimes:
             maxlen=SERVICE_SAMPLES
         )
         self._lock = threading.Lock()
-        self._provisional = 0  # of the samples, the first ones that are a warm-up's
+        self._provisional = False  # whether the samples are the warm-up's
 
     def add(self, rows: int, ns: int, *, provisional: bool = False) -> None:
         """A model batch of `rows` that took `ns`. `provisional` ones (the warm-up's) give a
@@ -95,11 +95,9 @@ class ServiceTimes:
         and kept among batches of one size they held every smaller batch out for a run."""
         if rows > 0 and ns > 0:
             with self._lock:
-                if provisional:
-                    self._provisional += 1
-                elif self._provisional:
+                if not provisional and self._provisional:
                     self._samples.clear()
-                    self._provisional = 0
+                self._provisional = provisional
                 self._samples.append((rows, ns))
 
     def largest_recent(self) -> int:
