@@ -237,11 +237,12 @@ class Batcher:
             live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
             rounds: dict[int, list[tuple[QueuedFrame, int]]] = {}
             forced: list[int] = []
-            for cam in range(n):
-                frames = qs.waiting_frames(cam)
-                if not frames:
-                    continue
-                must = self._must_detect(cam, frames, scheduler)
+            waiting = {c: f for c in range(n) if (f := qs.waiting_frames(c))}
+            musts = {c: self._must_detect(c, f, scheduler) for c, f in waiting.items()}
+            first = [c for c, m in musts.items() if m and not scheduler.has_detected(c)]
+            later = scheduler.first_later(first)  # their first frames wait for the next batch
+            for cam, frames in ((c, f) for c, f in waiting.items() if c not in later):
+                must = musts[cam]
                 if must is not None:
                     forced.append(cam)
                     if must[1]:

@@ -23,7 +23,13 @@ budget (less the margin), and while the batch is at most one row larger than the
 measured lately (the line through small batches says little of a large one); the frames
 predicted meanwhile are answered as soon as the batch
 before them is out, so they are in time too. A camera that does not fit is predicted this
-round and waits its turn, which comes sooner the longer it waits.
+round and waits its turn, which comes sooner the longer it waits. Two exceptions:
+
+- when nothing fits and the engine is free, the camera longest without a detection, once
+  past half its bound, is detected alone if that answers within the whole budget (`_early`:
+  the margin spent rather than every camera forced in one late round at the bound);
+- at a run's start, the first frames go in two batches, the higher half by priority first
+  (`first_later`): all at once they take longer than the budget.
 
 Its decisions are data (`figures`): per camera the frames detected and predicted, the
 longest gap between detections, and a timeline per second, bounded.
@@ -34,7 +40,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +60,9 @@ COLD_ERRORS = 8  # until this many answers are measured the margin is at least C
 COLD_MARGIN = 0.1  # of the budget
 TIMELINE_KEPT = 3600  # seconds of decisions kept for the timeline (an hour)
 DEFAULT_MAX_GAP_MS = 1000.0
+# a camera this far into its starvation bound may be detected early, alone, while the engine
+# is free and nothing else is (`DeadlineScheduler._early`)
+EARLY_AFTER = 0.5
 
 
 @dataclass(frozen=True)
@@ -200,6 +209,23 @@ class DeadlineScheduler:
             last = self._last_detected_ns[camera]
         return last is None or capture_ns - last >= self.max_gap_ns
 
+    def first_later(self, cameras: Sequence[int]) -> set[int]:
+        """Of `cameras`, whose first frames must be detected this round, those whose first
+        frame waits for the next batch: at a run's start (no camera detected yet), the half
+        of lowest priority (the later of equals), if a batch of them all would not be
+        answered within the budget. Every camera's first frame goes to the model, and six
+        at once under load took 140-150 ms: all six late, and each camera's next frame,
+        waiting for its tracks, late too. In two batches the first half is answered within
+        the budget, and so are most of the second half's next frames."""
+        with self._lock:
+            started = any(t is not None for t in self._last_detected_ns)
+        if started or len(cameras) < 2:
+            return set()
+        if self.service.estimate_ns(len(cameras)) <= self.budget_ns - self.margin_ns():
+            return set()
+        ranked = sorted(cameras, key=lambda c: (-self.priorities[c], c))
+        return set(ranked[(len(ranked) + 1) // 2 :])
+
     def choose(
         self, candidates: Sequence[Candidate], *, now_ns: int, start_ns: int, prepare_ns: float
     ) -> list[int]:
@@ -229,7 +255,37 @@ class DeadlineScheduler:
             done = start + self.service.estimate_ns(len(trial))
             if all(done - c.capture_ns <= slack for c in trial if not c.forced):
                 chosen = trial
+        if not chosen and start_ns <= now_ns:
+            chosen = self._early(candidates, last, start, key=waited)
         return [c.camera for c in chosen]
+
+    def _early(
+        self,
+        candidates: Sequence[Candidate],
+        last: Sequence[int | None],
+        start: float,
+        *,
+        key: Callable[[Candidate], tuple[float, float]],
+    ) -> list[Candidate]:
+        """With nothing chosen and the engine free: the camera longest without a detection
+        for its priority, of those past `EARLY_AFTER` of the starvation bound, if its frame
+        alone would be answered within the whole budget (the margin spent). Without it, a
+        machine whose margin and estimates have grown (a busy spell's late batches) detects
+        nothing but what the bound forces, every camera in the same round, and that round's
+        late batch keeps the margin high: a run stuck at one detection a camera a second, its
+        forced rounds 120-240 ms late. One frame while the engine is free is the cheapest
+        detection there is, and a new measure of what one costs."""
+        bound = EARLY_AFTER * self.max_gap_ns
+        late = [
+            c
+            for c in candidates
+            if (since := last[c.camera]) is not None and c.capture_ns - since >= bound
+        ]
+        if not late:
+            return []
+        first = max(late, key=key)
+        done = start + self.service.estimate_ns(1)
+        return [first] if done - first.capture_ns <= self.budget_ns else []
 
     def decided(
         self,

@@ -210,6 +210,34 @@ def test_the_margin_learns_how_late_answers_come_and_is_bounded() -> None:
     assert s.margin_ns() / MS == pytest.approx(50.0)
 
 
+def test_a_camera_half_way_to_its_bound_is_detected_alone_while_the_engine_is_free() -> None:
+    """A margin and estimates grown by a busy spell's late batches fit nothing; without an
+    early detection the bound then forces every camera in one late round, and that round
+    keeps the margin high (a replay under load stuck at one detection a camera a second)."""
+    # given three cameras last detected together, a 55 ms a row model and a 50 ms margin
+    s = _fed(_scheduler(3, max_gap_ms=1000.0), ms_per_row=55.0)
+    s._errors.extend([50.0 * MS] * 20)
+    s.decided(
+        batch_index=None, detected=[(c, 0) for c in range(3)], predicted=[], forced=[0, 1, 2],
+        expected_done_ns=0, now_ns=0,
+    )  # fmt: skip
+    assert s.margin_ns() / MS == pytest.approx(50.0)
+
+    def frames(t_ms: int) -> list[Candidate]:
+        return [Candidate(c, (t_ms - 10 * c) * MS) for c in range(3)]
+
+    # a frame 0-20 ms old + 55 ms > 100 - 50: nothing fits by the margin
+    t = 400
+    assert s.choose(frames(t), now_ns=t * MS, start_ns=t * MS, prepare_ns=0) == []
+    # past half the bound, with the engine free: the one longest without a detection (for its
+    # priority), alone, because its frame is answered within the whole budget
+    t = 600
+    assert s.choose(frames(t), now_ns=t * MS, start_ns=t * MS, prepare_ns=0) == [0]
+    # not while the engine is busy, and not when even one frame would be late
+    assert s.choose(frames(t), now_ns=t * MS, start_ns=(t + 5) * MS, prepare_ns=0) == []
+    assert s.choose(frames(t), now_ns=t * MS, start_ns=t * MS, prepare_ns=75 * MS) == []
+
+
 def _frame(camera: int, index: int, capture_ns: int) -> Frame:
     box = Letterbox((8, 8), (8, 8), 1.0, 1.0, 0.0, 0.0)
     meta = FrameMeta(f"c{camera}", camera, index, index / 15, capture_ns, capture_ns, 0, box)
@@ -262,6 +290,45 @@ def test_a_round_answers_every_waiting_frame_predicted_ones_first_without_rows()
     for cam, k in seen:
         by_camera[cam].append(k)
     assert all(v == sorted(v) for v in by_camera.values())
+
+
+def test_at_a_run_s_start_the_first_frames_go_in_two_batches_by_priority() -> None:
+    """Six first frames at once under load took 140-150 ms: all six late, and each camera's
+    next frame behind them. When they do not fit the budget together, the lower half by
+    priority waits for the next batch."""
+    assert _fed(_scheduler(4), ms_per_row=20.0).first_later([0, 1, 2, 3]) == set()  # they fit
+    s = _fed(_scheduler(4, priorities=[1.0, 3.0, 1.0, 2.0]), ms_per_row=40.0)
+    assert s.first_later([0, 1, 2, 3]) == {0, 2}  # the lower half; of equals, the later
+    assert s.first_later([0, 2, 3]) == {2}  # an odd count: the larger half goes first
+    assert s.first_later([2]) == set()
+    s.decided(
+        batch_index=None, detected=[(1, 0)], predicted=[], forced=[1], expected_done_ns=0,
+        now_ns=0,
+    )  # fmt: skip
+    assert s.first_later([0, 2, 3]) == set()  # once the run has started: all at once
+    # and through the batcher: four cameras' first frames, the first batch the upper half
+    cameras = 4
+    stop = threading.Event()
+    qs = CameraQueues([f"c{i}" for i in range(cameras)], capacity=8, policy=DropPolicy.DROP_OLDEST)
+    ring = StagingRing(slots=4, max_batch=cameras, height=8, width=8, pin_memory=False)
+    out: queue.Queue[Batch | None] = queue.Queue(maxsize=8)
+    scheduler = _fed(_scheduler(cameras, priorities=[1.0, 3.0, 1.0, 2.0]), ms_per_row=40.0)
+    batcher = Batcher(
+        queues=qs, ring=ring, out=out, timeout_ms=5, stop=stop, scheduler=scheduler,
+        free_at=time.monotonic_ns,
+    )  # fmt: skip
+    now = time.monotonic_ns()
+    for cam in range(cameras):
+        qs.put(cam, _frame(cam, 0, now), stop=stop)
+        qs.end(cam)
+    batcher.start()
+    detected = []
+    while (item := out.get(timeout=10)) is not None:
+        detected.append(sorted(m.camera_index for m in item.frames[: item.detected]))
+        if item.slot != NO_SLOT:
+            ring.release(item.slot)
+    batcher.thread.join(timeout=2)
+    assert detected == [[1, 3], [0, 2]]
 
 
 def test_a_deadline_is_for_live_and_real_time_runs() -> None:
