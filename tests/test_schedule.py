@@ -210,7 +210,7 @@ def test_the_margin_learns_how_late_answers_come_and_is_bounded() -> None:
     assert s.margin_ns() / MS == pytest.approx(50.0)
 
 
-def test_a_camera_half_way_to_its_bound_is_detected_alone_while_the_engine_is_free() -> None:
+def test_a_camera_half_way_to_its_bound_is_detected_alone_when_nothing_else_fits() -> None:
     """A margin and estimates grown by a busy spell's late batches fit nothing; without an
     early detection the bound then forces every camera in one late round, and that round
     keeps the margin high (a replay under load stuck at one detection a camera a second)."""
@@ -229,13 +229,33 @@ def test_a_camera_half_way_to_its_bound_is_detected_alone_while_the_engine_is_fr
     # a frame 0-20 ms old + 55 ms > 100 - 50: nothing fits by the margin
     t = 400
     assert s.choose(frames(t), now_ns=t * MS, start_ns=t * MS, prepare_ns=0) == []
-    # past half the bound, with the engine free: the one longest without a detection (for its
-    # priority), alone, because its frame is answered within the whole budget
+    # past half the bound: the one longest without a detection (for its priority), alone,
+    # because its frame is answered within the whole budget, even with the engine busy a while
     t = 600
     assert s.choose(frames(t), now_ns=t * MS, start_ns=t * MS, prepare_ns=0) == [0]
-    # not while the engine is busy, and not when even one frame would be late
-    assert s.choose(frames(t), now_ns=t * MS, start_ns=(t + 5) * MS, prepare_ns=0) == []
+    assert s.choose(frames(t), now_ns=t * MS, start_ns=(t + 20) * MS, prepare_ns=0) == [0]
+    # not when even that one frame would be late (the engine busy longer, a slow preparation)
+    assert s.choose(frames(t), now_ns=t * MS, start_ns=(t + 50) * MS, prepare_ns=0) == []
     assert s.choose(frames(t), now_ns=t * MS, start_ns=t * MS, prepare_ns=75 * MS) == []
+
+
+def test_a_batch_of_first_frames_is_no_measure_of_the_margin() -> None:
+    """A run's first batches came 55-70 ms later than estimated (a model's first calls at
+    their sizes); kept, they held the margin at half the budget for a whole eval run, and
+    it detected little but what the bound forced."""
+    s = _scheduler(2)
+    s.decided(
+        batch_index=0, detected=[(0, 0), (1, 0)], predicted=[], forced=[0, 1],
+        expected_done_ns=50 * MS, now_ns=0,
+    )  # fmt: skip
+    s.observe(0, 120 * MS)  # 70 ms late
+    for k in range(1, COLD_ERRORS + 1):
+        s.decided(
+            batch_index=k, detected=[(0, k * 100 * MS)], predicted=[1], forced=[],
+            expected_done_ns=k * 100 * MS, now_ns=k * 100 * MS,
+        )  # fmt: skip
+        s.observe(k, k * 100 * MS)  # on time
+    assert s.margin_ns() == 0.0
 
 
 def _frame(camera: int, index: int, capture_ns: int) -> Frame:
