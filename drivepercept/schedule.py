@@ -269,12 +269,12 @@ class DeadlineScheduler:
     ) -> list[Candidate]:
         """With nothing chosen: the camera longest without a detection for its priority, of
         those past `EARLY_AFTER` of the starvation bound, if its frame alone would be
-        answered within the whole budget (the margin spent). Without it, a
-        machine whose margin and estimates have grown (a busy spell's late batches) detects
-        nothing but what the bound forces, every camera in the same round, and that round's
-        late batch keeps the margin high: a run stuck at one detection a camera a second, its
-        forced rounds 120-240 ms late (and `eval --streaming` scoring 0.049 for about 0.1).
-        One frame is the cheapest detection there is, and a new measure of what one costs."""
+        answered within the whole budget (the margin spent). Without it, a machine whose
+        margin and estimates have grown (a busy spell's late batches) detects nothing but
+        what the bound forces, every camera in the same round, and that round's late batch
+        keeps the margin high: a replay under load stuck at one detection a camera a second,
+        its forced rounds 120-240 ms late. One frame is the cheapest detection there is, and
+        a new measure of what one costs."""
         bound = EARLY_AFTER * self.max_gap_ns
         late = [
             c
