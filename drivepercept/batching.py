@@ -341,7 +341,7 @@ class Batcher:
         for an annotated video are decoded, in parallel as in `_fill`); a frame that cannot
         even say its size is left out, as in `_fill`."""
         frames, metas = [f for f, _ in taken], []
-        decode = len(frames) > 1 and any(getattr(f, "keep_original", False) for f in frames)
+        decode = len(frames) > 1 and any(f.keep_original for f in frames)
         found = self._prepare_pool().map(_meta_only, frames) if decode else map(_meta_only, frames)
         for meta, (frame, queued_ns) in zip(found, taken, strict=True):
             if isinstance(meta, str):

@@ -229,6 +229,7 @@ class Frame(_CarriesMeta):
             )
 
     deferred = False  # prepared already: `into` only copies
+    keep_original = False  # `meta_only` decodes nothing
 
     @property
     def source_ns(self) -> int | None:
@@ -265,6 +266,11 @@ class QueuedFrame(Protocol):
 
     @property
     def deferred(self) -> bool: ...
+
+    @property
+    def keep_original(self) -> bool:
+        """Whether `meta_only` decodes the image too (kept for an annotated video)."""
+        ...
 
     @property
     def camera_index(self) -> int: ...
