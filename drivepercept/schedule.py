@@ -25,8 +25,8 @@ predicted meanwhile are answered as soon as the batch
 before them is out, so they are in time too. A camera that does not fit is predicted this
 round and waits its turn, which comes sooner the longer it waits. Two exceptions:
 
-- when nothing fits, the camera longest without a detection, once past half its bound,
-  is detected alone if that answers within the whole budget (`_early`:
+- when nothing fits, the camera longest without a detection for its priority, once past
+  half its bound, is detected alone if that answers within the whole budget (`_early`:
   the margin spent rather than every camera forced in one late round at the bound);
 - at a run's start, the first frames go in two batches, the higher half by priority first
   (`first_later`): all at once they take longer than the budget.
@@ -173,6 +173,7 @@ class DeadlineScheduler:
         self._expected: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._timeline: collections.deque[_Second] = collections.deque(maxlen=TIMELINE_KEPT)
         self._start_ns: int | None = None
+        self._split = False  # the run's first frames were split (`first_later`)
 
     @classmethod
     def for_config(
@@ -218,12 +219,14 @@ class DeadlineScheduler:
         waiting for its tracks, late too. In two batches the first half is answered within
         the budget, and so are most of the second half's next frames."""
         with self._lock:
-            started = any(t is not None for t in self._last_detected_ns)
+            started = self._split or any(t is not None for t in self._last_detected_ns)
         if started or len(cameras) < 2:
             return set()
         if self.service.estimate_ns(len(cameras)) <= self.budget_ns - self.margin_ns():
             return set()
         ranked = sorted(cameras, key=lambda c: (-self.priorities[c], c))
+        with self._lock:
+            self._split = True  # once: not again if the first half's frames failed to prepare
         return set(ranked[(len(ranked) + 1) // 2 :])
 
     def choose(
@@ -267,8 +270,8 @@ class DeadlineScheduler:
         *,
         key: Callable[[Candidate], tuple[float, float]],
     ) -> list[Candidate]:
-        """With nothing chosen: the camera longest without a detection for its priority, of
-        those past `EARLY_AFTER` of the starvation bound, if its frame alone would be
+        """With nothing chosen: of the cameras past `EARLY_AFTER` of the starvation bound,
+        the one longest without a detection for its priority whose frame alone would be
         answered within the whole budget (the margin spent). Without it, a machine whose
         margin and estimates have grown (a busy spell's late batches) detects nothing but
         what the bound forces, every camera in the same round, and that round's late batch
@@ -281,11 +284,11 @@ class DeadlineScheduler:
             for c in candidates
             if (since := last[c.camera]) is not None and c.capture_ns - since >= bound
         ]
-        if not late:
-            return []
-        first = max(late, key=key)
         done = start + self.service.estimate_ns(1)
-        return [first] if done - first.capture_ns <= self.budget_ns else []
+        for cand in sorted(late, key=key, reverse=True):
+            if done - cand.capture_ns <= self.budget_ns:
+                return [cand]
+        return []
 
     def decided(
         self,

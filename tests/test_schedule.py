@@ -237,6 +237,19 @@ def test_a_camera_half_way_to_its_bound_is_detected_alone_when_nothing_else_fits
     # not when even that one frame would be late (the engine busy longer, a slow preparation)
     assert s.choose(frames(t), now_ns=t * MS, start_ns=(t + 50) * MS, prepare_ns=0) == []
     assert s.choose(frames(t), now_ns=t * MS, start_ns=t * MS, prepare_ns=75 * MS) == []
+    # the next in line whose frame is in time when the first's is not (camera 0's frame 50 ms
+    # old, camera 1's fresh); by priority; and none early when a forced one is detected
+    mixed = [Candidate(0, (t - 50) * MS), Candidate(1, t * MS), Candidate(2, (t - 10) * MS)]
+    assert s.choose(mixed, now_ns=t * MS, start_ns=t * MS, prepare_ns=0) == [1]
+    s2 = _fed(_scheduler(3, priorities=[1.0, 1.0, 2.0]), ms_per_row=55.0)
+    s2._errors.extend([50.0 * MS] * 20)
+    s2.decided(
+        batch_index=None, detected=[(c, 0) for c in range(3)], predicted=[], forced=[0, 1, 2],
+        expected_done_ns=0, now_ns=0,
+    )  # fmt: skip
+    assert s2.choose(frames(t), now_ns=t * MS, start_ns=t * MS, prepare_ns=0) == [2]
+    forced = [Candidate(0, t * MS, forced=True), Candidate(1, t * MS), Candidate(2, t * MS)]
+    assert s2.choose(forced, now_ns=t * MS, start_ns=t * MS, prepare_ns=0) == [0]
 
 
 def test_a_batch_of_first_frames_is_no_measure_of_the_margin() -> None:
@@ -316,16 +329,23 @@ def test_at_a_run_s_start_the_first_frames_go_in_two_batches_by_priority() -> No
     """Six first frames at once under load took 140-150 ms: all six late, and each camera's
     next frame behind them. When they do not fit the budget together, the lower half by
     priority waits for the next batch."""
+    def slow() -> DeadlineScheduler:
+        return _fed(_scheduler(4, priorities=[1.0, 3.0, 1.0, 2.0]), ms_per_row=40.0)
+
     assert _fed(_scheduler(4), ms_per_row=20.0).first_later([0, 1, 2, 3]) == set()  # they fit
-    s = _fed(_scheduler(4, priorities=[1.0, 3.0, 1.0, 2.0]), ms_per_row=40.0)
-    assert s.first_later([0, 1, 2, 3]) == {0, 2}  # the lower half; of equals, the later
-    assert s.first_later([0, 2, 3]) == {2}  # an odd count: the larger half goes first
-    assert s.first_later([2]) == set()
+    assert slow().first_later([0, 1, 2, 3]) == {0, 2}  # the lower half; of equals, the later
+    assert slow().first_later([0, 2, 3]) == {2}  # an odd count: the larger half goes first
+    assert slow().first_later([2]) == set()
+    s = slow()
     s.decided(
         batch_index=None, detected=[(1, 0)], predicted=[], forced=[1], expected_done_ns=0,
         now_ns=0,
     )  # fmt: skip
     assert s.first_later([0, 2, 3]) == set()  # once the run has started: all at once
+    s = slow()
+    assert s.first_later([0, 1, 2, 3]) == {0, 2}
+    # the first half's frames failed to prepare (nothing detected yet): not split again
+    assert s.first_later([0, 1, 2, 3]) == set()
     # and through the batcher: four cameras' first frames, the first batch the upper half
     cameras = 4
     stop = threading.Event()
