@@ -329,6 +329,7 @@ def test_at_a_run_s_start_the_first_frames_go_in_two_batches_by_priority() -> No
     """Six first frames at once under load took 140-150 ms: all six late, and each camera's
     next frame behind them. When they do not fit the budget together, the lower half by
     priority waits for the next batch."""
+
     def slow() -> DeadlineScheduler:
         return _fed(_scheduler(4, priorities=[1.0, 3.0, 1.0, 2.0]), ms_per_row=40.0)
 
