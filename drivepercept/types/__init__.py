@@ -268,18 +268,13 @@ class QueuedFrame(Protocol):
     def deferred(self) -> bool: ...
 
     @property
-    def keep_original(self) -> bool:
-        """Whether `meta_only` decodes the image too (kept for an annotated video)."""
-        ...
+    def keep_original(self) -> bool: ...  # whether `meta_only` decodes it (annotated video)
 
     @property
     def camera_index(self) -> int: ...
 
     @property
-    def source_ns(self) -> int | None:
-        """Its time on its source's clock (stamp, else pts), None when it has none: what
-        a replay's batches are aligned by."""
-        ...
+    def source_ns(self) -> int | None: ...  # on its source's clock (stamp, else pts), or None
 
     @property
     def capture_ns(self) -> int: ...
