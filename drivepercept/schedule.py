@@ -256,7 +256,10 @@ class DeadlineScheduler:
             if len(trial) > largest:
                 break
             done = start + self.service.estimate_ns(len(trial))
-            if all(done - c.capture_ns <= slack for c in trial if not c.forced):
+            # the forced frames' deadlines count too: a forced frame already late alone (a
+            # run's deferred first frames) takes no company, as every row added delays the
+            # frames predicted behind the batch (waiting for its tracks) past theirs
+            if all(done - c.capture_ns <= slack for c in trial):
                 chosen = trial
         if not chosen:
             chosen = self._early(candidates, last, start, key=waited)

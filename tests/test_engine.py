@@ -410,6 +410,12 @@ def test_warm_up_runs_a_full_and_a_single_batch_before_any_frame_and_counts_neit
     )
     _run_engine(engine)
     assert seen == [4, 4] and engine.warmup == ()
+    # with a deadline, every size the scheduler may send: a first call at a size runs slow
+    seen.clear()
+    config = PipelineConfig(device="cpu", cpu_lanes=1, deadline_ms=100, drop_policy="drop_oldest")
+    engine, sink = _queued_engine(detector, config, batches=1, batch_size=4)
+    _run_engine(engine)
+    assert seen == [4, 3, 2, 1, 4] and [w.batch_size for w in engine.warmup] == [4, 3, 2, 1]
 
 
 def test_pipeline_reports_its_warm_up_and_starts_capture_after_it() -> None:

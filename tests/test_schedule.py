@@ -100,6 +100,13 @@ def test_frames_that_fit_the_budget_are_detected_and_one_that_cannot_is_not() ->
     # a forced one (first frame, starvation bound) is in whatever the budget says
     late = [Candidate(1, now - 300 * MS, forced=True)]
     assert s.choose(late, now_ns=now, start_ns=now, prepare_ns=0) == [1]
+    # and, late already, it takes no company: a row more would delay the frames predicted
+    # behind it (a run's deferred first frames, their cameras' next frames waiting for them)
+    fresh_too = [*late, Candidate(0, now), Candidate(2, now)]
+    assert s.choose(fresh_too, now_ns=now, start_ns=now, prepare_ns=0) == [1]
+    # a forced one in time does, as far as all of them stay in time
+    in_time = [Candidate(1, now - 75 * MS, forced=True), Candidate(0, now), Candidate(2, now)]
+    assert s.choose(in_time, now_ns=now, start_ns=now, prepare_ns=0) == [1, 0]
 
 
 def test_priorities_share_the_model_in_proportion_and_none_starves() -> None:

@@ -263,10 +263,13 @@ class InferenceEngine:
     def _warm_up(self) -> None:
         """One batch at the rig's size and one of a single frame, through every step and
         stream, waited for; timed, and never counted as frames. On a CPU the full batch's compute
-        (not a compile) is `free_at_ns`'s first estimate (live's first batches, BENCHMARKS.md)."""
+        (not a compile) is `free_at_ns`'s first estimate (live's first batches, BENCHMARKS.md).
+        With a deadline (not compiled), every size between: the scheduler's batches are any
+        size, and a first call at a size runs slow (3-17 ms more at 2-5 rows, tiny, 2 cores)."""
         width, height = self.detector.input.size
         runs = []
-        for size in dict.fromkeys((self.max_batch, 1)):
+        every = self.config.deadline_ms > 0 and not self.config.compile
+        for size in dict.fromkeys(range(self.max_batch, 0, -1) if every else (self.max_batch, 1)):
             with on_device(self.device):
                 rows = flights.warmup_rows(size, width, height, pin=self.cuda)
             start = time.perf_counter_ns()
