@@ -55,7 +55,7 @@ def _fed(s: DeadlineScheduler, ms_per_row: float) -> DeadlineScheduler:
     """`s` having measured a model of `ms_per_row` and answers that came on time."""
     for rows in (1, 2, 3, 4, 6):
         s.service.add(rows, int(rows * ms_per_row * MS))
-    s._errors.extend([0.0] * COLD_ERRORS)  # (answers on time: past the cold margin)
+    s._errors.extend([(1, 0.0)] * COLD_ERRORS)  # (answers on time: past the cold margin)
     assert s.margin_ns() == 0.0
     return s
 
@@ -217,13 +217,40 @@ def test_the_margin_learns_how_late_answers_come_and_is_bounded() -> None:
     assert s.margin_ns() / MS == pytest.approx(50.0)
 
 
+def test_a_larger_batch_keeps_the_margin_its_own_size_has_shown() -> None:
+    """Errors grow with a batch's size and the large batches are few: one margin over all of
+    them let the 4-row batches come late (under load on the 2-core host, 2 rows came early,
+    4 rows 5-40 ms late)."""
+    # given a 10 ms a row model, 150 two-row batches on time and one four-row 30 ms late
+    s = _fed(_scheduler(4), ms_per_row=10.0)
+    s._errors.clear()
+    first = [(c, 0) for c in range(4)]  # (first frames: no measure of the margin)
+    s.decided(
+        batch_index=None, detected=first, predicted=[], forced=[0, 1, 2, 3], expected_done_ns=0,
+        now_ns=0,
+    )  # fmt: skip
+    for k in range(151):
+        rows = 4 if k == 75 else 2
+        s.decided(
+            batch_index=k, detected=[(c, k * MS) for c in range(rows)], predicted=[], forced=[],
+            expected_done_ns=k * MS, now_ns=k * MS,
+        )  # fmt: skip
+        s.observe(k, k * MS + (30 * MS if rows == 4 else 0))
+    assert s.margin_ns() == 0.0 and s.margin_ns(2) == 0.0
+    assert s.margin_ns(4) / MS == pytest.approx(30.0)
+    # then four frames 45 ms old: three rows (done at 75 ms) fit, a fourth (85) does not
+    now = 10_000 * MS
+    old = [Candidate(c, now - 45 * MS) for c in range(4)]
+    assert len(s.choose(old, now_ns=now, start_ns=now, prepare_ns=0)) == 3
+
+
 def test_a_camera_half_way_to_its_bound_is_detected_alone_when_nothing_else_fits() -> None:
     """A margin and estimates grown by a busy spell's late batches fit nothing; without an
     early detection the bound then forces every camera in one late round, and that round
     keeps the margin high (a replay under load stuck at one detection a camera a second)."""
     # given three cameras last detected together, a 55 ms a row model and a 50 ms margin
     s = _fed(_scheduler(3, max_gap_ms=1000.0), ms_per_row=55.0)
-    s._errors.extend([50.0 * MS] * 20)
+    s._errors.extend([(1, 50.0 * MS)] * 20)
     s.decided(
         batch_index=None, detected=[(c, 0) for c in range(3)], predicted=[], forced=[0, 1, 2],
         expected_done_ns=0, now_ns=0,
@@ -249,7 +276,7 @@ def test_a_camera_half_way_to_its_bound_is_detected_alone_when_nothing_else_fits
     mixed = [Candidate(0, (t - 50) * MS), Candidate(1, t * MS), Candidate(2, (t - 10) * MS)]
     assert s.choose(mixed, now_ns=t * MS, start_ns=t * MS, prepare_ns=0) == [1]
     s2 = _fed(_scheduler(3, priorities=[1.0, 1.0, 2.0]), ms_per_row=55.0)
-    s2._errors.extend([50.0 * MS] * 20)
+    s2._errors.extend([(1, 50.0 * MS)] * 20)
     s2.decided(
         batch_index=None, detected=[(c, 0) for c in range(3)], predicted=[], forced=[0, 1, 2],
         expected_done_ns=0, now_ns=0,
