@@ -11,7 +11,8 @@ tracking stage with its tracks moved on to the frame's capture time). It knows:
   batches);
 - how late the answers actually came against its estimates (`observe`: their
   99th percentile is kept as a margin, which takes in what it does not
-  model: preparation, post-processing, the completion thread);
+  model: preparation, post-processing, the completion thread; a batch of n rows keeps at
+  least the margin each size up to n has shown alone, as errors grow with a batch's size);
 - each camera's priority (rig.toml `priority`, default 1) and when its last detected frame
   was captured.
 
@@ -49,6 +50,7 @@ from drivepercept.config import PipelineConfig
 
 SERVICE_SAMPLES = 24  # model batches the service-time line is fitted over
 RECENT_SAMPLES = 8  # of them, the latest, whose overrun scales the line
+COLD_WARM_UP = 0.5  # a run's first batch under this share of the warm-up's estimate drops it
 # the margin: the 99th percentile of how late the latest answers came against their estimate.
 # The target is a p99, so the margin must know the tail, and the tail is rare: on the 2-core
 # host one model batch in 50-100 takes 25-30 ms longer than its estimate (the camera server
@@ -90,29 +92,38 @@ class ServiceTimes:
     compute time for a number of rows. Thread-safe (the engine adds, the batcher reads)."""
 
     def __init__(self) -> None:
-        self._samples: collections.deque[tuple[int, int]] = collections.deque(
+        # (rows, ns, whether the warm-up's)
+        self._samples: collections.deque[tuple[int, int, bool]] = collections.deque(
             maxlen=SERVICE_SAMPLES
         )
         self._lock = threading.Lock()
-        self._provisional = False  # whether the samples are the warm-up's
+        self._real = 0  # the run's own batches measured
 
     def add(self, rows: int, ns: int, *, provisional: bool = False) -> None:
         """A model batch of `rows` that took `ns`. `provisional` ones (the warm-up's) give a
-        first estimate and are dropped when the run's first batch is measured: a model's
-        first calls on a machine still starting a run can take several times its steady
-        time (490 ms for six rows against 100 ms, in `eval --streaming` on the 2-core host),
-        and kept among batches of one size they held every smaller batch out for a run."""
-        if rows > 0 and ns > 0:
-            with self._lock:
-                if not provisional and self._provisional:
+        first estimate and stay among the run's first `RECENT_SAMPLES` batches (one or two
+        of those alone are noise: on the 2-core host under load the first 3-row batch took
+        39 ms, the next ones 43-70, the warm-up's 57), unless the run's first batch comes in
+        under `COLD_WARM_UP` of their estimate: a model's first calls on a machine still
+        starting a run can take several times its steady time (490 ms for six rows against
+        100 ms, in `eval --streaming` on the 2-core host), and kept they held every smaller
+        batch out for a run."""
+        if rows <= 0 or ns <= 0:
+            return
+        cold = not provisional and self._real == 0 and ns < COLD_WARM_UP * self.estimate_ns(rows)
+        with self._lock:
+            if not provisional:
+                self._real += 1
+                if cold or self._real > RECENT_SAMPLES:
+                    kept = [sample for sample in self._samples if not sample[2]]
                     self._samples.clear()
-                self._provisional = provisional
-                self._samples.append((rows, ns))
+                    self._samples.extend(kept)
+            self._samples.append((rows, ns, provisional))
 
     def largest_recent(self) -> int:
         """The most rows of the latest `RECENT_SAMPLES` batches (0: none measured)."""
         with self._lock:
-            return max((r for r, _ in list(self._samples)[-RECENT_SAMPLES:]), default=0)
+            return max((s[0] for s in list(self._samples)[-RECENT_SAMPLES:]), default=0)
 
     def estimate_ns(self, rows: int) -> float:
         """The compute time of a batch of `rows`: the line through the kept batches (rows,

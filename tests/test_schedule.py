@@ -87,6 +87,21 @@ def test_a_slow_warm_up_gives_the_first_estimate_and_goes_with_the_first_real_ba
     assert clock.estimate_ns(6) / MS == pytest.approx(100, rel=0.05)
 
 
+def test_a_warm_up_as_slow_as_the_run_stays_among_its_first_batches() -> None:
+    """One or two batches alone are noise: under load the run's first 3-row batch took 39 ms,
+    the next ones 43-70, the warm-up's 57; estimates from the first alone made the next
+    batches 16-41 ms late."""
+    clock = ServiceTimes()
+    for rows, ms in ((6, 124), (5, 76), (4, 78), (3, 57), (2, 38), (1, 19)):
+        clock.add(rows, ms * MS, provisional=True)
+    clock.add(3, 39 * MS)  # a lucky first batch: the warm-up's stay
+    assert clock.estimate_ns(3) / MS > 50
+    for _ in range(8):  # the run's own batches take over
+        clock.add(3, 39 * MS)
+        clock.add(2, 30 * MS)
+    assert clock.estimate_ns(3) / MS == pytest.approx(39, rel=0.05)
+
+
 def test_frames_that_fit_the_budget_are_detected_and_one_that_cannot_is_not() -> None:
     s = _fed(_scheduler(), ms_per_row=10.0)
     now = 10_000 * MS
