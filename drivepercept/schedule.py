@@ -114,7 +114,7 @@ class ServiceTimes:
         with self._lock:
             if not provisional:
                 self._real += 1
-                if cold or self._real > RECENT_SAMPLES:
+                if cold or self._real == RECENT_SAMPLES + 1:  # (warm-up's: the first kept)
                     kept = [sample for sample in self._samples if not sample[2]]
                     self._samples.clear()
                     self._samples.extend(kept)
@@ -208,15 +208,23 @@ class DeadlineScheduler:
         batches of 2 rows came 4-8 ms early (median), of 3 about on time, of 4 5-21 ms late
         (p90 22-41 ms), and a margin over all of them let the 4-row batches come late: most
         of the late frames after a run's first second."""
+        return self.margins_ns(rows)[rows]
+
+    def margins_ns(self, up_to: int) -> list[float]:
+        """`margin_ns(r)` for r = 0 .. `up_to`, from one read of the errors (a round's)."""
         with self._lock:
             kept = list(self._errors)
+        by_size: dict[int, list[float]] = {}
+        for r, e in kept:
+            by_size.setdefault(r, []).append(e)
         measured = float(np.percentile([e for _, e in kept], MARGIN_PERCENTILE)) if kept else 0.0
-        for size in {r for r, _ in kept if r <= rows}:
-            alone = [e for r, e in kept if r == size]
-            measured = max(measured, float(np.percentile(alone, MARGIN_PERCENTILE)))
-        if len(kept) < COLD_ERRORS:
-            measured = max(measured, COLD_MARGIN * self.budget_ns)
-        return float(min(max(measured, 0.0), self.budget_ns / 2))
+        floor = COLD_MARGIN * self.budget_ns if len(kept) < COLD_ERRORS else 0.0
+        out = []
+        for rows in range(max(up_to, 0) + 1):
+            if rows in by_size:
+                measured = max(measured, float(np.percentile(by_size[rows], MARGIN_PERCENTILE)))
+            out.append(float(min(max(measured, floor), self.budget_ns / 2)))
+        return out
 
     def has_detected(self, camera: int) -> bool:
         """Whether a frame of the camera has been sent to the model."""
@@ -270,12 +278,13 @@ class DeadlineScheduler:
         # a batch grows by one row at most beyond the largest measured lately: the line
         # through small batches says little of a large one on a machine that turned busy
         largest = max(self.service.largest_recent() + 1, len(chosen))
+        margins = self.margins_ns(largest)  # per batch size
         for cand in sorted((c for c in candidates if not c.forced), key=waited, reverse=True):
             trial = [*chosen, cand]
             if len(trial) > largest:
                 break
             done = start + self.service.estimate_ns(len(trial))
-            slack = self.budget_ns - self.margin_ns(len(trial))  # a margin per size
+            slack = self.budget_ns - margins[len(trial)]
             # the forced frames' deadlines count too: a forced frame already late alone (a
             # run's deferred first frames) takes no company, as every row added delays the
             # frames predicted behind the batch (waiting for its tracks) past theirs
