@@ -55,8 +55,8 @@ class TrackParams:
     lost_s: float = 1.5
     min_hits: int = 2
     class_aware: bool = True
-    recover_iou: float = 0.3
-    recover_buffer: float = 1.0
+    recover_iou: float = 0.25
+    recover_buffer: float = 1.5
 
     def __post_init__(self) -> None:
         high = self.high_score
