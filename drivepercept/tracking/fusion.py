@@ -67,7 +67,6 @@ FloatArray = npt.NDArray[np.float64]
 ROUGH_GATE = 2.5
 # a link holds while its place stays within this many gates of its object's other sightings
 KEEP_GATES = 3.0
-CUT_KIND_GATES = 0.25
 
 
 @dataclass(frozen=True)
@@ -86,12 +85,8 @@ class FusionParams:
             across, medians), so a neighbour beside it is not taken for it.
         keep_s: how long an object no camera sees is kept for a hand-over.
         max_range_m: places farther than this are not used (a pixel spans metres there).
-        merge_m, merge_gates, merge_steps: two objects seen by different cameras within
-            `merge_m` (plus 3 % of their range) of each other, or within `merge_gates` of
-            the matching gate (its ellipse, at the older's place), for `merge_steps` steps
-            in a row are one. The gate's reach: a join the gate missed once (a place off by
-            a pixel row at 40 m is off by metres) is made a few steps later, where a round
-            `merge_m` only ever joined objects the gate would have joined.
+        merge_m, merge_steps: two objects seen by different cameras within `merge_m` (plus
+            3 % of their range) of each other for `merge_steps` steps in a row are one.
         swap_gain, swap_steps: two tracks of one camera whose objects fit each other better
             (distances swapped under `swap_gain` of those held; 0: never) for `swap_steps`
             steps in a row change objects.
@@ -104,7 +99,6 @@ class FusionParams:
     keep_s: float = 1.5
     max_range_m: float = 80.0
     merge_m: float = 1.5
-    merge_gates: float = 1.5
     merge_steps: int = 3
     swap_gain: float = 0.7
     swap_steps: int = 3
@@ -116,7 +110,7 @@ class FusionParams:
                 raise ConfigError(f"fusion {name} must be > 0, got {value!r}")
         if not (math.isfinite(self.lateral_m) and self.lateral_m > 0):
             raise ConfigError(f"fusion lateral_m must be > 0, got {self.lateral_m!r}")
-        for name in ("gate_per_m", "lateral_per_m", "merge_gates"):
+        for name in ("gate_per_m", "lateral_per_m"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"fusion {name} must be >= 0, got {value!r}")
@@ -257,10 +251,10 @@ class RigFusion:
         self, gid: int, obs: Observation, now: Mapping[int, list[Observation]], t_s: float
     ) -> bool:
         obj = self._objects.get(gid)
-        if obj is None or obs.camera in obj.seen_by:
-            return False
-        if _kind(obj.class_name) != _kind(obs.class_name) and not (
-            obs.truncated and CUT_KIND_GATES > 0
+        if (
+            obj is None
+            or obs.camera in obj.seen_by
+            or _kind(obj.class_name) != _kind(obs.class_name)
         ):
             return False
         return _apart(self.params, obs.xy, self._where(gid, now, time_of(obs, t_s))) <= KEEP_GATES
@@ -288,12 +282,8 @@ class RigFusion:
                     np.hypot(places[:, 0] - x, places[:, 1] - y) / round_gate,
                     _apart_many(self.params, obs.xy, places),
                 )
-                same = kinds == _kind(obs.class_name)
-                ok = (d <= 1.0) & same
+                ok = (d <= 1.0) & (kinds == _kind(obs.class_name))
                 cost[i, ok] = d[ok]
-                if obs.truncated and CUT_KIND_GATES > 0:
-                    other = (d <= CUT_KIND_GATES) & ~same
-                    cost[i, other] = d[other] + 1.0
         matched: dict[int, int] = {}
         if len(candidates) and len(group):
             rows, cols = linear_sum_assignment(cost)
@@ -344,8 +334,7 @@ class RigFusion:
         """Two objects that different cameras see at one place, step after step, are one:
         each was made before the other camera's track existed, or while their places
         disagreed (a box cut by the image's side). After `merge_steps` steps in a row within
-        `merge_m` (plus 3 % of range) or `merge_gates` gates of each other, the younger id
-        joins the older."""
+        `merge_m` (plus 3 % of range) of each other, the younger id joins the older."""
         close: dict[tuple[int, int], int] = {}
         ids = sorted(now)
         places = {gid: self._where(gid, now, t_s) for gid in ids}
@@ -360,9 +349,7 @@ class RigFusion:
                     continue
                 ox, oy = places[other]
                 wide = ROUGH_GATE if rough[gid] or rough[other] else 1.0
-                if math.hypot(x - ox, y - oy) <= reach * wide or (
-                    _apart(self.params, (x, y), (ox, oy)) <= self.params.merge_gates
-                ):
+                if math.hypot(x - ox, y - oy) <= reach * wide:
                     close[(gid, other)] = self._close.get((gid, other), 0) + 1
         self._close = close
         for (gid, other), steps in sorted(close.items()):
@@ -392,10 +379,8 @@ class RigFusion:
             obj.fit.add(t_s, x, y)
         obj.xy, obj.t_s, obj.placed = xy, t_s, obj.placed + 1
         obj.rough = all(o.truncated for o in group)
-        if len(group) > 1:  # the class most of its sightings say (whole boxes, if any)
-            names = [o.class_name for o in group if not o.truncated] or [
-                o.class_name for o in group
-            ]
+        if len(group) > 1:  # the class most of its sightings say
+            names = [o.class_name for o in group]
             obj.class_name = max(names, key=names.count)
         else:
             obj.class_name = group[0].class_name
