@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -348,22 +350,28 @@ def test_bad_max_gap_and_linger_are_one_line(in_process: Any, tmp_path: Path) ->
 
 
 def test_the_metrics_linger_ends_on_an_interrupt_not_the_run() -> None:
-    import signal
-
-    from drivepercept.run.outputs import linger_metrics
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
-        started = time.monotonic()
-        linger_metrics(60.0)  # returns, does not raise
-        assert time.monotonic() - started < 5.0
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    """In a process of its own: a signal sent to pytest's own process after an OpenVINO test
+    has run there can crash it (SIGSEGV in the main thread's sleep, seen with pytest-randomly
+    seed 1806402120; a plain script that uses OpenVINO the same way does not crash), and what
+    is tested here is the wait, not that."""
+    code = (
+        "import signal, sys, time\n"
+        "from drivepercept.run.outputs import linger_metrics\n"
+        "def interrupt(signum, frame):\n"
+        "    raise KeyboardInterrupt\n"
+        "signal.signal(signal.SIGALRM, interrupt)\n"
+        "signal.setitimer(signal.ITIMER_REAL, 0.2)\n"
+        "started = time.monotonic()\n"
+        "linger_metrics(60.0)  # returns, does not raise\n"
+        "print(f'waited {time.monotonic() - started:.3f}')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    waited = float(proc.stdout.split()[-1])
+    assert 0.15 < waited < 5.0
+    assert "taken down" in proc.stderr  # the one warning line
 
 
 # ------------------------------------------------------------------ a camera that keeps failing
