@@ -352,9 +352,9 @@ def test_bad_max_gap_and_linger_are_one_line(in_process: Any, tmp_path: Path) ->
 def test_the_metrics_linger_ends_on_an_interrupt_not_the_run() -> None:
     """In a process of its own, so that the signal meets only this test's state: once, a
     signal sent to pytest's own process after an OpenVINO test had run there crashed it
-    (SIGSEGV, pytest-randomly seed 1806402120). That was OpenVINO's CPU plugin leaving its
-    freed alternate signal stack on the thread that loaded it; `signal_stack` now puts the
-    thread's own back after every call, and tests/test_signal_stack.py holds it."""
+    (SIGSEGV, pytest-randomly seed 1806402120). That was OpenVINO's CPU plugin leaving a
+    freed alternate signal stack installed on the main thread; `signal_stack` now puts the
+    thread's own back, and tests/test_signal_stack.py holds it."""
     code = (
         "import signal, time\n"
         "from drivepercept.run.outputs import linger_metrics\n"

@@ -19,10 +19,10 @@ while its own compiles on a named background thread, to be used from then on. Ea
 that runs a model (the engine's CPU lanes) takes an infer request from a free list, as
 OpenVINO's requests are not to be shared between threads.
 
-Every call into OpenVINO keeps the calling thread's alternate signal stack as it was
-(`signal_stack`): the CPU plugin leaves one of its own on the thread that loads it, freed
-with the plugin, and the next signal that thread took after the model was freed crashed the
-process.
+The calls by which a Core first uses the CPU (`compile_model`, `get_property`) keep the
+calling thread's alternate signal stack as it was (`signal_stack`): the CPU plugin installs
+one of its own there, and a Core freed on another thread left it installed and freed, so
+that the first thread's next signal crashed the process.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def cpu_has_bf16() -> bool:
     """Whether OpenVINO's CPU plugin runs bfloat16 natively here (False without openvino)."""
     if not installed():
         return False
-    with kept_signal_stack():  # (this may load the CPU plugin: see signal_stack)
+    with kept_signal_stack():  # a Core's first use of the CPU: see signal_stack
         core = import_openvino().Core()
         return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
@@ -138,12 +138,11 @@ class OpenVinoSession:
         runs_as = self._compiled_for(shapes)
         if runs_as != shapes:  # padded to a compiled larger batch, the extra rows dropped
             arrays = [_pad(a, s[0]) for a, s in zip(arrays, runs_as, strict=True)]
-        with self._lock, kept_signal_stack():
+        with self._lock:
             free = self._free[runs_as]
             request = free.pop() if free else self._compiled[runs_as].create_infer_request()
         try:
-            with kept_signal_stack():
-                result = request.infer(arrays, share_inputs=True, share_outputs=False)
+            result = request.infer(arrays, share_inputs=True, share_outputs=False)
             outputs = [result[port] for port in request.model_outputs]
         finally:
             with self._lock:
@@ -177,7 +176,7 @@ class OpenVinoSession:
         model = self._model.clone()
         model.reshape({i: list(shape) for i, shape in enumerate(shapes)})
         try:
-            with kept_signal_stack():  # the first compile loads the CPU plugin
+            with kept_signal_stack():  # (the Core's first compile: see signal_stack)
                 compiled = self._core.compile_model(model, "CPU", self._config)
         except Exception as exc:  # OpenVINO raises RuntimeError with a long trace text
             first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
