@@ -1,16 +1,16 @@
-"""The soak's measurements, pure: latency windows, RSS growth, frame accounting, thread
-checks, and the pass/fail criteria over them (see scripts/soak.py's docstring)."""
+"""The soak's measurements, pure: RSS growth, frame accounting, thread checks, and the
+pass/fail criteria over them and the latency windows (scripts/_soak/latency.py; see
+scripts/soak.py's docstring)."""
 
 from __future__ import annotations
 
 import collections
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from _soak.latency import LatencyWindows, latency_value
 
 # ---------------------------------------------------------------------- pure pieces
 
@@ -23,108 +23,6 @@ class Criterion:
     value: str
     limit: str
     passed: bool
-
-
-# the most of a latency ratio the host's own slowdown may excuse (its drift is 20-30 %)
-MAX_HOST_EXCUSE = 1.3
-
-
-@dataclass(frozen=True)
-class LatencyWindows:
-    """p99 end-to-end latency of the first and of the last `window_s` of capture time, and
-    the p99 of the time the model itself took on those frames (compute start to inference
-    done): the host's speed as the model sees it, tail for tail. On a shared host that slows
-    down mid-run (the same model on the same batches 15 % slower at minute 8 while the
-    process's CPU share stayed put; or slow for the last half minute only, which moves the
-    tail and not the median), latency grows with it; `adjusted_ratio` takes that slowdown
-    out, so what is left is the pipeline's own growth (queues, leaks, work that grows)."""
-
-    window_s: float
-    first_p99_ms: float
-    last_p99_ms: float
-    first_frames: int
-    last_frames: int
-    first_model_ms: float = math.nan
-    last_model_ms: float = math.nan
-
-    @property
-    def ratio(self) -> float:
-        if not self.first_p99_ms > 0:
-            return math.nan
-        return self.last_p99_ms / self.first_p99_ms
-
-    @property
-    def host_ratio(self) -> float:
-        """The model's p99 time, last window over first (NaN when not measured)."""
-        if not self.first_model_ms > 0 or not math.isfinite(self.last_model_ms):
-            return math.nan
-        return self.last_model_ms / self.first_model_ms
-
-    @property
-    def adjusted_ratio(self) -> float:
-        """`ratio` over the host's slowdown, at most `MAX_HOST_EXCUSE` (the drift this shared
-        host shows; a model 1.5x slower is more likely the pipeline's own doing, threads or
-        state it left behind) and never over a speed-up (a host that got faster does not
-        excuse growth); `ratio` itself when the model's times are unknown."""
-        host = self.host_ratio
-        if not math.isfinite(host):
-            return self.ratio
-        return self.ratio / min(MAX_HOST_EXCUSE, max(1.0, host))
-
-
-def window_s_for(span_s: float, window_s: float) -> float:
-    """The latency window: `window_s`, or a third of a run too short for two whole windows
-    apart from each other (so the first and the last window never overlap)."""
-    return min(window_s, span_s / 3.0) if span_s > 0 else window_s
-
-
-def latency_windows(
-    capture_ns: Sequence[int],
-    end_to_end_ms: Sequence[float],
-    *,
-    window_s: float,
-    model_ms: Sequence[float] | None = None,
-) -> LatencyWindows:
-    """p99 of the frames captured in the first and in the last window of the capture span
-    (the span runs from the first to the last capture of any camera), and with `model_ms`
-    (each frame's model time) its p99 in the same windows.
-
-    Raises:
-        ValueError: no frames, or the sequences differ in length.
-    """
-    if len(capture_ns) != len(end_to_end_ms) or not capture_ns:
-        raise ValueError(
-            f"expected as many latencies as capture times (> 0), got {len(end_to_end_ms)} "
-            f"and {len(capture_ns)}"
-        )
-    if model_ms is not None and len(model_ms) != len(capture_ns):
-        raise ValueError(
-            f"expected as many model times as capture times, got {len(model_ms)} "
-            f"and {len(capture_ns)}"
-        )
-    t = np.asarray(capture_ns, dtype=np.int64)
-    e2e = np.asarray(end_to_end_ms, dtype=np.float64)
-    rel_s = (t - t.min()) / 1e9
-    span_s = float(rel_s.max())
-    w = window_s_for(span_s, window_s)
-    in_first, in_last = rel_s < w, rel_s > span_s - w
-    first, last = e2e[in_first], e2e[in_last]
-    model = None if model_ms is None else np.asarray(model_ms, dtype=np.float64)
-    return LatencyWindows(
-        window_s=w,
-        first_p99_ms=float(np.percentile(first, 99)) if first.size else math.nan,
-        last_p99_ms=float(np.percentile(last, 99)) if last.size else math.nan,
-        first_frames=int(first.size),
-        last_frames=int(last.size),
-        first_model_ms=_p99(model, in_first),
-        last_model_ms=_p99(model, in_last),
-    )
-
-
-def _p99(values: np.ndarray | None, mask: np.ndarray) -> float:
-    if values is None or not mask.any():
-        return math.nan
-    return float(np.percentile(values[mask], 99))
 
 
 @dataclass(frozen=True)
@@ -275,12 +173,10 @@ def criteria(
             rss.growth_mb < rss_limit_mb,
         ),
         Criterion(
-            "p99 latency last / first window, host slowdown out",
-            f"{latency.adjusted_ratio:.3f} (raw {latency.ratio:.3f}: {latency.last_p99_ms:.1f} "
-            f"/ {latency.first_p99_ms:.1f} ms, {latency.window_s:.0f} s windows; model p99 "
-            f"{latency.last_model_ms:.1f} / {latency.first_model_ms:.1f} ms)",
+            "p99 latency late / early window, same host speed",
+            latency_value(latency),
             f"<= {latency_ratio:g}",
-            latency.adjusted_ratio <= latency_ratio,  # NaN fails
+            latency.steady_ratio <= latency_ratio,  # NaN fails
         ),
     ]
     for a in accounting:
@@ -306,17 +202,3 @@ def camera_pairs(videos: Sequence[tuple[str, Path]], count: int) -> list[tuple[s
         lap = k // len(videos)
         out.append((name if lap == 0 else f"{name}-{lap + 1}", path))
     return out
-
-
-def read_latencies(run_dir: Path) -> tuple[list[int], list[float], list[float]]:
-    """(capture_ns, end_to_end_ms, model_ms) of every frame of a run, as the report reads
-    them; model_ms is compute start to inference done (the batch's model call)."""
-    from drivepercept.report import load_run
-
-    timeline = load_run(run_dir).timeline
-    model_ms = (timeline.stamps["inference_done"] - timeline.stamps["compute_start"]) / 1e6
-    return (
-        timeline.stamps["capture"].tolist(),
-        timeline.end_to_end_ms.tolist(),
-        model_ms.tolist(),
-    )

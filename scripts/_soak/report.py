@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from _soak.measure import Accounting, Criterion, LatencyWindows, RssGrowth, ThreadCheck
+from _soak.latency import LatencyWindows
+from _soak.measure import Accounting, Criterion, RssGrowth, ThreadCheck
 from _soak.sampling import Sample
 
 
@@ -64,6 +65,7 @@ class Outcome:
                 "ratio": round(self.latency.ratio, 4),
                 "host_ratio": round(self.latency.host_ratio, 4),
                 "adjusted_ratio": round(self.latency.adjusted_ratio, 4),
+                "steady_ratio": round(self.latency.steady_ratio, 4),
             },
             "accounting": [
                 {
@@ -117,6 +119,25 @@ def table(outcome: Outcome) -> Iterator[str]:
         f"{lat.first_model_ms:.1f} -> {lat.last_model_ms:.1f} ms (host x{lat.host_ratio:.3f}), "
         f"ratio with the host's slowdown out {lat.adjusted_ratio:.3f}"
     )
+    pair = lat.matched
+    yield (
+        "         no early and late windows on which the model ran as fast"
+        if pair is None
+        else f"         same host speed: p99 {pair.early.p99_ms:.1f} ms at "
+        f"{pair.early.start_s:.0f}-{pair.early.end_s:.0f} s, {pair.late.p99_ms:.1f} ms at "
+        f"{pair.late.start_s:.0f}-{pair.late.end_s:.0f} s (model p50 "
+        f"{pair.early.model_p50_ms:.1f} / {pair.late.model_p50_ms:.1f} ms, p99 "
+        f"{pair.early.model_p99_ms:.1f} / {pair.late.model_p99_ms:.1f} ms), "
+        f"ratio {pair.ratio:.3f}, with what is left of the slowdown out {pair.adjusted_ratio:.3f}"
+    )
+    load = outcome.extra.get("host_cpu_cores")
+    if load is not None:
+        yield (
+            f"host     CPU cores in use: this process {load['process_mean']:.2f} (mean), other "
+            f"processes {load['others_mean']:.2f} (max {load['others_max']:.2f} over a "
+            f"sample), stolen by the hypervisor {load['steal_mean']:.2f} (max "
+            f"{load['steal_max']:.2f})"
+        )
     transit = outcome.extra["in_transit_during_run"]
     outages = outcome.extra["outages"]
     skipped = outcome.extra["server"]["skipped_slow_client"]

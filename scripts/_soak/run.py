@@ -6,18 +6,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
 
+from _soak.latency import latency_windows, read_latencies
 from _soak.measure import (
     Accounting,
     ThreadCheck,
     camera_pairs,
     criteria,
-    latency_windows,
-    read_latencies,
     rss_growth,
     warmup_s_for,
 )
@@ -29,6 +29,7 @@ from _soak.sampling import (
     _os_threads,
     _python_threads,
     _wait_clients_gone,
+    host_load,
     in_transit,
 )
 
@@ -149,6 +150,7 @@ def soak(args: argparse.Namespace) -> Outcome:
         during_max_os=max([s.os_threads for s in during] or [0]),
         new_os=len(after_ids - before_ids),
     )
+    load = host_load(during)
     capture, e2e, model_ms = read_latencies(result.run_dir)
     latency = latency_windows(capture, e2e, window_s=args.window_s, model_ms=model_ms)
     # memory time runs from the start of capture (model load and the engine's warm-up come
@@ -198,6 +200,7 @@ def soak(args: argparse.Namespace) -> Outcome:
             for n in names
         },
         "in_transit_during_run": in_transit(during),
+        "host_cpu_cores": None if load is None else asdict(load),
         "threads_at_run_end": {"py": last.py_threads, "os": last.os_threads},
         "server_clients_gone": clients_gone,
     }

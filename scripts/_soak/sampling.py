@@ -4,6 +4,7 @@ thread, and the thread counts taken around the run."""
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -49,6 +50,11 @@ class Sample:
     py_threads: int
     os_threads: int
     cameras: tuple[CameraSample, ...] = field(default=())
+    # CPU seconds so far: this process (user + system), the whole host busy, and stolen by
+    # the hypervisor; their differences between samples say who slowed the run down
+    process_cpu_s: float = 0.0
+    host_busy_s: float = 0.0
+    host_steal_s: float = 0.0
 
     @property
     def processed(self) -> int:
@@ -107,12 +113,21 @@ class Sampler:
                 )
                 for s in progress.cameras
             )
+        own = self._process.cpu_times()
+        host = psutil.cpu_times()
+        # busy: running anything (guest time is in user already; steal is counted apart)
+        idle = host.idle + sum(
+            getattr(host, k, 0.0) for k in ("iowait", "steal", "guest", "guest_nice")
+        )
         return Sample(
             t_s=round(time.monotonic() - self._t0, 3),
             rss_mb=round(self._process.memory_info().rss / MB, 2),
             py_threads=threading.active_count(),
             os_threads=self._process.num_threads(),
             cameras=cams,
+            process_cpu_s=round(own.user + own.system, 3),
+            host_busy_s=round(sum(host) - idle, 3),
+            host_steal_s=round(getattr(host, "steal", 0.0), 3),
         )
 
     def _run(self) -> None:
@@ -144,6 +159,40 @@ def in_transit(samples: Sequence[Sample]) -> dict[str, dict[str, int]]:
         name: {"max": max(v), "median": int(np.median(v)), "samples": len(v)}
         for name, v in by_cam.items()
     }
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """CPU cores in use between samples, mean and most: this process, every other process,
+    and the hypervisor's steal."""
+
+    process_mean: float
+    others_mean: float
+    others_max: float
+    steal_mean: float
+    steal_max: float
+
+
+def host_load(samples: Sequence[Sample]) -> HostLoad | None:
+    """What the host's CPU did between consecutive samples; None with fewer than two."""
+    rows = []
+    for a, b in itertools.pairwise(samples):
+        dt = b.t_s - a.t_s
+        if dt <= 0:
+            continue
+        own = (b.process_cpu_s - a.process_cpu_s) / dt
+        busy = (b.host_busy_s - a.host_busy_s) / dt
+        rows.append((own, max(0.0, busy - own), (b.host_steal_s - a.host_steal_s) / dt))
+    if not rows:
+        return None
+    own_v, others, steal = np.asarray(rows, dtype=np.float64).T
+    return HostLoad(
+        process_mean=round(float(own_v.mean()), 3),
+        others_mean=round(float(others.mean()), 3),
+        others_max=round(float(others.max()), 3),
+        steal_mean=round(float(steal.mean()), 3),
+        steal_max=round(float(steal.max()), 3),
+    )
 
 
 # ---------------------------------------------------------------------- thread counts
