@@ -173,7 +173,7 @@ def criteria(
             rss.growth_mb < rss_limit_mb,
         ),
         Criterion(
-            "p99 latency late / early window, same host speed",
+            "p99 latency last / first third, usual host speed",
             latency_value(latency),
             f"<= {latency_ratio:g}",
             latency.steady_ratio <= latency_ratio,  # NaN fails

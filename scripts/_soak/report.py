@@ -119,17 +119,15 @@ def table(outcome: Outcome) -> Iterator[str]:
         f"{lat.first_model_ms:.1f} -> {lat.last_model_ms:.1f} ms (host x{lat.host_ratio:.3f}), "
         f"ratio with the host's slowdown out {lat.adjusted_ratio:.3f}"
     )
-    pair = lat.matched
-    yield (
-        "         no early and late windows on which the model ran as fast"
-        if pair is None
-        else f"         same host speed: p99 {pair.early.p99_ms:.1f} ms at "
-        f"{pair.early.start_s:.0f}-{pair.early.end_s:.0f} s, {pair.late.p99_ms:.1f} ms at "
-        f"{pair.late.start_s:.0f}-{pair.late.end_s:.0f} s (model p50 "
-        f"{pair.early.model_p50_ms:.1f} / {pair.late.model_p50_ms:.1f} ms, p99 "
-        f"{pair.early.model_p99_ms:.1f} / {pair.late.model_p99_ms:.1f} ms), "
-        f"ratio {pair.ratio:.3f}, with what is left of the slowdown out {pair.adjusted_ratio:.3f}"
-    )
+    th = lat.thirds
+    if th is not None:
+        yield (
+            f"         usual-speed thirds: p99 first {th.early_p99_ms:.1f} ms ({th.early_frames} "
+            f"frames, {th.early_bins}/{th.early_of} bins), last {th.late_p99_ms:.1f} ms "
+            f"({th.late_frames} frames, {th.late_bins}/{th.late_of} bins), ratio {th.ratio:.3f}"
+            f"{'' if th.enough else ' (too few usual bins: not used)'}; model mean "
+            f"{th.usual_model_ms:.1f} ms"
+        )
     load = outcome.extra.get("host_cpu_cores")
     if load is not None:
         yield (
