@@ -24,6 +24,11 @@ SAME_HOST = 1.1
 MIN_USUAL = 0.5
 
 
+def _ratio(later: float, earlier: float) -> float:
+    """later / earlier; NaN (a failing criterion) when earlier is not above zero."""
+    return later / earlier if earlier > 0 else math.nan
+
+
 @dataclass(frozen=True)
 class Thirds:
     """p99 end to end of the frames of the first and of the last third of the run, taken
@@ -42,9 +47,7 @@ class Thirds:
 
     @property
     def ratio(self) -> float:
-        if not self.early_p99_ms > 0:
-            return math.nan
-        return self.late_p99_ms / self.early_p99_ms
+        return _ratio(self.late_p99_ms, self.early_p99_ms)
 
     @property
     def enough(self) -> bool:
@@ -117,9 +120,7 @@ class LatencyWindows:
 
     @property
     def ratio(self) -> float:
-        if not self.first_p99_ms > 0:
-            return math.nan
-        return self.last_p99_ms / self.first_p99_ms
+        return _ratio(self.last_p99_ms, self.first_p99_ms)
 
     @property
     def host_ratio(self) -> float:
