@@ -21,8 +21,9 @@ every few seconds from a `soak-sampler` thread, and then checks:
   with the first, the ratio divided by how much slower the model ran (p99, last over first;
   never by a speed-up, by at most 1.3, the drift this shared host shows).
   Why not simply the last minute over the first: at capacity (this host: 89-90 of the 90
-  frames/s offered) a minute's p99 is set by a few episodes in which a batch runs at one
-  core's speed and the next frames queue behind it. In one steady 10-minute run the
+  frames/s offered) a minute's p99 is set by a few episodes in which batches take 78 ms
+  instead of 42 (more CPU time for the same batches: the host's cores run slower) and the
+  next frames queue behind them. In one steady 10-minute run the
   minutes' p99 ranged 85-146 ms at the same model speed; in a CI soak whose model p99 went
   46 -> 78 ms in its last 90 s, latency's p99 went 56 -> 136 ms, with no growth in the 8.5
   minutes before. Every figure (the thirds, the first and last minute raw and adjusted) and

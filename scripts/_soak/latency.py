@@ -17,8 +17,8 @@ MAX_HOST_EXCUSE = 1.3
 
 BIN_S = 10.0  # the host's speed is read per 10 s of capture time
 # a bin ran on the run's usual host when the model's mean time in it is within this factor of
-# the median over the bins (the mean, not the median: the share of batches slowed to one
-# core's speed, which sets latency's tail, moves the mean)
+# the median over the bins (the mean, not the median: the share of slowed batches, which
+# sets latency's tail, moves the mean)
 SAME_HOST = 1.1
 # the thirds are compared only when at least this share of each third's bins are usual
 MIN_USUAL = 0.5
@@ -97,17 +97,17 @@ class LatencyWindows:
     out, so what is left is the pipeline's own growth (queues, leaks, work that grows).
 
     At capacity (six cameras at 15 fps with yolox-nano on this 2-core host) neither window is
-    a steady measure. The p99 of a minute is set by a few episodes in which the model runs at
-    one core's speed (78 ms a batch instead of 42) and frames queue behind it: in one steady
-    10-minute run the minutes' p99 ranged 85-146 ms while the model's median stayed at 40-47
-    ms. And a host that slows down late inflates latency far beyond the model's own
-    slowdown: in a CI soak the model's p99 went 46 -> 78 ms in the last 90 s and latency's
-    p99 56 -> 136 ms, where the 8.5 minutes before showed no growth. So the criterion
-    (`steady_ratio`) compares the first and the last third of the run (a few hundred tail
-    frames each), each taken from the 10 s bins in which the model ran at the run's usual
-    speed (`Thirds`); only when too few bins qualify does it fall back to `adjusted_ratio`.
-    A pipeline whose own work grows slows its model in the late bins, which then do not
-    qualify, and it is judged by the fallback."""
+    a steady measure. The p99 of a minute is set by a few episodes in which batches take 78
+    ms instead of 42 (the same batches cost the engine lanes more CPU time: the host's cores
+    run slower) and frames queue behind them: in one steady 10-minute run the minutes' p99
+    ranged 85-146 ms while the model's median stayed at 40-47 ms. And a host that slows down
+    late inflates latency far beyond the model's own slowdown: in a CI soak the model's p99
+    went 46 -> 78 ms in the last 90 s and latency's p99 56 -> 136 ms, where the 8.5 minutes
+    before showed no growth. So the criterion (`steady_ratio`) compares the first and the
+    last third of the run (a few hundred tail frames each), each taken from the 10 s bins in
+    which the model ran at the run's usual speed (`Thirds`); only when too few bins qualify
+    does it fall back to `adjusted_ratio`. A pipeline whose own work grows slows its model in
+    the late bins, which then do not qualify, and it is judged by the fallback."""
 
     window_s: float
     first_p99_ms: float
