@@ -129,8 +129,8 @@ def test_a_host_that_slows_for_the_last_90_s_is_judged_on_bins_of_the_usual_spee
     # and the thirds leave out the 9 slow bins of the last third, keep its 11 others and all
     # 20 of the first, and find no growth
     assert got.thirds is not None and got.thirds.enough
-    assert (got.thirds.early_bins, got.thirds.early_of) == (20, 20)
-    assert (got.thirds.late_bins, got.thirds.late_of) == (11, 20)
+    assert (got.thirds.early_frames, got.thirds.early_of) == (2000, 2000)
+    assert (got.thirds.late_frames, got.thirds.late_of) == (1100, 2000)
     assert got.thirds.usual_model_ms == pytest.approx(40.12)
     assert got.steady_ratio == pytest.approx(1.0, abs=0.01)
 
@@ -141,7 +141,7 @@ def test_growth_at_the_usual_speed_fails_and_a_model_slowing_all_along_falls_bac
     got = _run_of(np.full(t_s.size, 40.0), 100.0 + 50.0 * t_s / 600.0)
     # then every bin is usual, and the last third's p99 over the first's fails the criterion
     assert got.thirds is not None and got.thirds.enough
-    assert got.thirds.early_bins == got.thirds.late_bins == 20
+    assert got.thirds.early_frames == got.thirds.early_of == 2000
     assert got.steady_ratio == pytest.approx(149.83 / 116.45, rel=1e-3) and got.steady_ratio > 1.2
     # and a model that slows all along (the pipeline's own work growing: 40 -> 80 ms) leaves
     # too few usual bins in the thirds: the first and last minute are judged, with at most
@@ -153,11 +153,38 @@ def test_growth_at_the_usual_speed_fails_and_a_model_slowing_all_along_falls_bac
 
 
 def test_thirds_need_half_of_each_thirds_bins_at_the_usual_speed() -> None:
-    enough = latency.Thirds(40.0, 100.0, 110.0, 1800, 900, 20, 10, 20, 20)
+    enough = latency.Thirds(40.0, 100.0, 110.0, 1800, 900, 1800, 1800)
     assert enough.enough and enough.ratio == pytest.approx(1.1)
-    assert not latency.Thirds(40.0, 100.0, 110.0, 1800, 810, 20, 9, 20, 20).enough
-    assert not latency.Thirds(40.0, 100.0, 110.0, 0, 0, 0, 0, 0, 0).enough
-    assert math.isnan(latency.Thirds(40.0, 0.0, 110.0, 10, 10, 1, 1, 1, 1).ratio)
+    assert not latency.Thirds(40.0, 100.0, 110.0, 1800, 899, 1800, 1800).enough
+    assert not latency.Thirds(40.0, 100.0, 110.0, 0, 0, 0, 0).enough
+    assert math.isnan(latency.Thirds(40.0, 0.0, 110.0, 10, 10, 10, 10).ratio)
+
+
+def test_a_sliver_of_a_usual_bin_does_not_stand_for_a_third() -> None:
+    # given a 30 s run at 100 fps whose first 10 s ran slow (start-up: model 90 ms, latency
+    # 150 ms) and the rest at the usual 43 ms / 60 ms; its first third ends 17 ms into the
+    # second bin, so two of its frames are in a usual bin
+    t_s = np.arange(0, 30.05, 0.01)
+    start = t_s < 10.0
+    got = _run_of(np.where(start, 90.0, 43.0), np.where(start, 150.0, 60.0), step_s=0.01)
+    # then those two frames are too few to judge the first third by: the fallback decides
+    assert got.thirds is not None and got.thirds.early_frames == 2
+    assert not got.thirds.enough
+    assert got.steady_ratio == pytest.approx(got.adjusted_ratio)
+
+
+def test_the_printed_criterion_names_the_figures_it_was_judged_on() -> None:
+    thirds = latency.Thirds(40.0, 100.0, 110.0, 1800, 900, 1800, 1800)
+    used = latency.LatencyWindows(60.0, 90.0, 150.0, 600, 600, 70.0, 80.0, thirds)
+    text = latency.latency_value(used)
+    assert text.startswith("1.100 (last / first third 110.0 / 100.0 ms over 900/1800 and 1800/1800")
+    assert "first / last 60 s 1.667" in text
+    few = latency.Thirds(40.0, 100.0, 110.0, 1800, 810, 1800, 1800)
+    fallback = latency.LatencyWindows(60.0, 90.0, 150.0, 600, 600, 70.0, 80.0, few)
+    assert latency.latency_value(fallback).startswith(
+        f"{150.0 / 90.0 / (80.0 / 70.0):.3f} (too few frames at the usual speed "
+        "1800/1800 and 810/1800"
+    )
 
 
 def test_latency_windows_reject_mismatched_or_empty_tables() -> None:

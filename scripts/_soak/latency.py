@@ -1,6 +1,6 @@
 """The soak's latency measurements, pure: p99 end to end in the first and the last window of
-capture time, and in the early and the late window on which the model ran as fast (see
-scripts/soak.py's docstring)."""
+capture time, and in the first and the last third of the run over the 10 s bins in which the
+model ran at its usual speed (see scripts/soak.py's docstring)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ BIN_S = 10.0  # the host's speed is read per 10 s of capture time
 # the median over the bins (the mean, not the median: the share of slowed batches, which
 # sets latency's tail, moves the mean)
 SAME_HOST = 1.1
-# the thirds are compared only when at least this share of each third's bins are usual
+# the thirds are compared only when at least this share of each third's frames are in usual
+# bins (frames, not bins: a run's thirds cut bins, and a sliver of a bin has few frames)
 MIN_USUAL = 0.5
 
 
@@ -38,11 +39,9 @@ class Thirds:
     usual_model_ms: float
     early_p99_ms: float
     late_p99_ms: float
-    early_frames: int
+    early_frames: int  # in usual bins
     late_frames: int
-    early_bins: int  # usual bins
-    late_bins: int
-    early_of: int  # bins in the third
+    early_of: int  # in the third
     late_of: int
 
     @property
@@ -51,12 +50,12 @@ class Thirds:
 
     @property
     def enough(self) -> bool:
-        """At least `MIN_USUAL` of each third's bins ran at the usual speed."""
+        """At least `MIN_USUAL` of each third's frames came in bins of the usual speed."""
         return (
             self.early_of > 0
             and self.late_of > 0
-            and self.early_bins >= MIN_USUAL * self.early_of
-            and self.late_bins >= MIN_USUAL * self.late_of
+            and self.early_frames >= MIN_USUAL * self.early_of
+            and self.late_frames >= MIN_USUAL * self.late_of
         )
 
 
@@ -64,8 +63,8 @@ def usual_thirds(rel_s: np.ndarray, e2e: np.ndarray, model: np.ndarray) -> Third
     """`Thirds` of frames captured at `rel_s` seconds from the first capture."""
     span_s = float(rel_s.max())
     bins = np.floor(rel_s / BIN_S).astype(np.int64)
-    ids = np.unique(bins)
-    means = np.array([np.mean(model[bins == k]) for k in ids])
+    ids, which = np.unique(bins, return_inverse=True)
+    means = np.bincount(which, weights=model) / np.bincount(which)
     usual_ms = float(np.median(means))
     usual_ids = ids[
         np.abs(np.log(np.maximum(means, 1e-9) / max(usual_ms, 1e-9))) <= np.log(SAME_HOST)
@@ -79,10 +78,8 @@ def usual_thirds(rel_s: np.ndarray, e2e: np.ndarray, model: np.ndarray) -> Third
         late_p99_ms=float(np.percentile(e2e[z], 99)) if z.any() else math.nan,
         early_frames=int(e.sum()),
         late_frames=int(z.sum()),
-        early_bins=int(np.unique(bins[e]).size),
-        late_bins=int(np.unique(bins[z]).size),
-        early_of=int(np.unique(bins[early]).size),
-        late_of=int(np.unique(bins[late]).size),
+        early_of=int(early.sum()),
+        late_of=int(late.sum()),
     )
 
 
@@ -105,7 +102,7 @@ class LatencyWindows:
     went 46 -> 78 ms in the last 90 s and latency's p99 56 -> 136 ms, where the 8.5 minutes
     before showed no growth. So the criterion (`steady_ratio`) compares the first and the
     last third of the run (a few hundred tail frames each), each taken from the 10 s bins in
-    which the model ran at the run's usual speed (`Thirds`); only when too few bins qualify
+    which the model ran at the run's usual speed (`Thirds`); only when too few frames qualify
     does it fall back to `adjusted_ratio`. A pipeline whose own work grows slows its model in
     the late bins, which then do not qualify, and it is judged by the fallback."""
 
@@ -143,7 +140,7 @@ class LatencyWindows:
     @property
     def steady_ratio(self) -> float:
         """The criterion: the usual-speed thirds' ratio when each third has enough usual
-        bins, else `adjusted_ratio` (the first and the last window)."""
+        frames, else `adjusted_ratio` (the first and the last window)."""
         if self.thirds is not None and self.thirds.enough:
             return self.thirds.ratio
         return self.adjusted_ratio
@@ -216,15 +213,18 @@ def latency_value(latency: LatencyWindows) -> str:
     )
     t = latency.thirds
     if t is None or not t.enough:
-        usual = "" if t is None else f"{t.early_bins}/{t.early_of} and {t.late_bins}/{t.late_of} "
+        usual = (
+            "" if t is None else f"{t.early_frames}/{t.early_of} and {t.late_frames}/{t.late_of} "
+        )
         return (
-            f"{latency.steady_ratio:.3f} (too few usual-speed bins {usual}in the thirds: "
+            f"{latency.steady_ratio:.3f} (too few frames at the usual speed {usual}in the thirds: "
             f"host slowdown out of {first_last})"
         )
     return (
         f"{latency.steady_ratio:.3f} (last / first third {t.late_p99_ms:.1f} / "
-        f"{t.early_p99_ms:.1f} ms over {t.late_bins}/{t.late_of} and {t.early_bins}/"
-        f"{t.early_of} usual-speed {BIN_S:g} s bins, model mean {t.usual_model_ms:.1f} ms; "
+        f"{t.early_p99_ms:.1f} ms over {t.late_frames}/{t.late_of} and {t.early_frames}/"
+        f"{t.early_of} frames in usual-speed {BIN_S:g} s bins, model mean "
+        f"{t.usual_model_ms:.1f} ms; "
         f"{first_last})"
     )
 

@@ -123,9 +123,9 @@ def table(outcome: Outcome) -> Iterator[str]:
     if th is not None:
         yield (
             f"         usual-speed thirds: p99 first {th.early_p99_ms:.1f} ms ({th.early_frames} "
-            f"frames, {th.early_bins}/{th.early_of} bins), last {th.late_p99_ms:.1f} ms "
-            f"({th.late_frames} frames, {th.late_bins}/{th.late_of} bins), ratio {th.ratio:.3f}"
-            f"{'' if th.enough else ' (too few usual bins: not used)'}; model mean "
+            f"of {th.early_of} frames), last {th.late_p99_ms:.1f} ms ({th.late_frames} of "
+            f"{th.late_of} frames), ratio {th.ratio:.3f}"
+            f"{'' if th.enough else ' (too few usual frames: not used)'}; model mean "
             f"{th.usual_model_ms:.1f} ms"
         )
     load = outcome.extra.get("host_cpu_cores")

@@ -116,7 +116,7 @@ class Sampler:
         own = self._process.cpu_times()
         host = psutil.cpu_times()
         # busy: running anything (guest time is in user already; steal is counted apart)
-        idle = host.idle + sum(
+        not_busy = host.idle + sum(
             getattr(host, k, 0.0) for k in ("iowait", "steal", "guest", "guest_nice")
         )
         return Sample(
@@ -126,7 +126,7 @@ class Sampler:
             os_threads=self._process.num_threads(),
             cameras=cams,
             process_cpu_s=round(own.user + own.system, 3),
-            host_busy_s=round(sum(host) - idle, 3),
+            host_busy_s=round(sum(host) - not_busy, 3),
             host_steal_s=round(getattr(host, "steal", 0.0), 3),
         )
 
