@@ -13,22 +13,22 @@ every few seconds from a `soak-sampler` thread, and then checks:
   it; the run itself keeps no thread.
 * memory: RSS growth from the end of warm-up (the first minute, or the first 10 % of a
   shorter run) to the last sample of the run is under --rss-limit-mb.
-* latency: p99 end to end (capture -> emitted, frames.csv) of the last third of the run is
-  within --latency-ratio of the first third's, each over the frames of the 10 s bins in which
-  the model itself ran at the run's usual speed (mean of compute start -> inference done
-  within 10 % of the median over the bins), when at least half of each third's bins
-  qualify. Otherwise the last window (a minute, or a third of a shorter run) is compared
-  with the first, the ratio divided by how much slower the model ran (p99, last over first;
-  never by a speed-up, by at most 1.3, the drift this shared host shows).
-  Why not simply the last minute over the first: at capacity (this host: 89-90 of the 90
-  frames/s offered) a minute's p99 is set by a few episodes in which batches take 78 ms
-  instead of 42 (more CPU time for the same batches: the host's cores run slower) and the
-  next frames queue behind them. In one steady 10-minute run the
-  minutes' p99 ranged 85-146 ms at the same model speed; in a CI soak whose model p99 went
-  46 -> 78 ms in its last 90 s, latency's p99 went 56 -> 136 ms, with no growth in the 8.5
-  minutes before. Every figure (the thirds, the first and last minute raw and adjusted) and
-  the CPU that this process, other processes and the hypervisor took are printed and kept
-  in soak.json.
+* latency: each frame's end to end (capture -> emitted, frames.csv) is split into the
+  engine's time (the model's call on its batch, and its wait for the engine to finish the
+  batches before it) and the pipeline's own part (the rest: decode, queues, the wait for the
+  other cameras, preparing the batch, post-processing, emitting). Two criteria: the own
+  part's p99 in the last third of the run is within --latency-ratio of the first third's
+  (a pipeline whose queues, state or per-frame work grow fails it), and the model's median
+  time per batch in the last third is within --model-ratio (1.3) of the first third's (an
+  engine the pipeline slows down fails it; this shared host's own drift is 10-30 %).
+  End to end p99 (the thirds, and the first and last minute) is printed and kept, not
+  judged: at capacity (this host: 89-90 of the 90 frames/s offered, a batch every 67 ms, 42
+  ms usually but 78 ms when the host's cores run slower) frames queue behind slow batches,
+  and a few percent of slow batches more or less move it between about 90 and 150 ms. In a
+  CI soak the model's p99 rose 11 % in the last minute and latency's p99 40 %; in steady
+  runs the minutes' p99 ranged 85-146 ms at one model speed, while the own part's p99 per
+  minute stayed at 13-22 ms (scripts/_soak/latency.py). The CPU that this process, other
+  processes and the hypervisor took is printed and kept in soak.json too.
 * accounting, per camera: every frame the server wrote to our client is accounted for.
 
       served  =  read + unread
@@ -59,6 +59,7 @@ import logging
 import sys
 from pathlib import Path
 
+from _soak.latency import MODEL_DRIFT
 from _soak.report import table
 from _soak.run import RIG, SHARED_ONNX, soak
 
@@ -89,7 +90,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-s", type=float, default=60.0, help="latency window (60)")
     parser.add_argument("--rss-limit-mb", type=float, default=50.0, help="RSS growth limit (50)")
     parser.add_argument(
-        "--latency-ratio", type=float, default=1.2, help="p99 last/first window limit (1.2)"
+        "--latency-ratio",
+        type=float,
+        default=1.2,
+        help="limit of the own part's p99, last / first third (1.2)",
+    )
+    parser.add_argument(
+        "--model-ratio",
+        type=float,
+        default=MODEL_DRIFT,
+        help=f"limit of the model's median time, last / first third ({MODEL_DRIFT:g})",
     )
     parser.add_argument(
         "--tolerance-frames",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from _soak.latency import LatencyWindows, latency_value
+from _soak.latency import MODEL_DRIFT, LatencyWindows, latency_value, model_value
 
 # ---------------------------------------------------------------------- pure pieces
 
@@ -141,6 +141,7 @@ def criteria(
     rss_limit_mb: float,
     latency_ratio: float,
     run_status: str,
+    model_ratio: float = MODEL_DRIFT,
     threads_not_stopped: Sequence[str],
 ) -> list[Criterion]:
     """Every pass/fail check of a soak, in the order they are printed."""
@@ -173,10 +174,16 @@ def criteria(
             rss.growth_mb < rss_limit_mb,
         ),
         Criterion(
-            "p99 latency last / first third, usual host speed",
+            "p99 latency less the engine's time, last / first third",
             latency_value(latency),
             f"<= {latency_ratio:g}",
             latency.steady_ratio <= latency_ratio,  # NaN fails
+        ),
+        Criterion(
+            "model time per batch, median, last / first third",
+            model_value(latency),
+            f"<= {model_ratio:g}",
+            latency.model_ratio <= model_ratio,  # NaN fails
         ),
     ]
     for a in accounting:

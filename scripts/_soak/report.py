@@ -63,9 +63,9 @@ class Outcome:
             "latency": {
                 **asdict(self.latency),
                 "ratio": round(self.latency.ratio, 4),
-                "host_ratio": round(self.latency.host_ratio, 4),
-                "adjusted_ratio": round(self.latency.adjusted_ratio, 4),
+                "thirds_ratio": round(self.latency.thirds_ratio, 4),
                 "steady_ratio": round(self.latency.steady_ratio, 4),
+                "model_ratio": round(self.latency.model_ratio, 4),
             },
             "accounting": [
                 {
@@ -112,22 +112,19 @@ def table(outcome: Outcome) -> Iterator[str]:
         f"after the run {outcome.rss_after_run_mb:.1f} MB"
     )
     lat = outcome.latency
-    yield (
-        f"latency  p99 first {lat.window_s:.0f} s {lat.first_p99_ms:.1f} ms "
-        f"({lat.first_frames} frames), last {lat.window_s:.0f} s {lat.last_p99_ms:.1f} ms "
-        f"({lat.last_frames} frames), ratio {lat.ratio:.3f}; model p99 "
-        f"{lat.first_model_ms:.1f} -> {lat.last_model_ms:.1f} ms (host x{lat.host_ratio:.3f}), "
-        f"ratio with the host's slowdown out {lat.adjusted_ratio:.3f}"
-    )
-    th = lat.thirds
-    if th is not None:
+    parts = (("first", lat.window_s, lat.first), ("last", lat.window_s, lat.last))
+    yield "latency  part                  frames  end to end p99  own p99  model p50  model p99"
+    for name, w, p in (*parts, ("first third", None, lat.early), ("last third", None, lat.late)):
+        label = name if w is None else f"{name} {w:.0f} s"
         yield (
-            f"         usual-speed thirds: p99 first {th.early_p99_ms:.1f} ms ({th.early_frames} "
-            f"of {th.early_of} frames), last {th.late_p99_ms:.1f} ms ({th.late_frames} of "
-            f"{th.late_of} frames), ratio {th.ratio:.3f}"
-            f"{'' if th.enough else ' (too few usual frames: not used)'}; model mean "
-            f"{th.usual_model_ms:.1f} ms"
+            f"         {label:<20}{p.frames:>8}{p.p99_ms:>13.1f} ms{p.own_p99_ms:>6.1f} ms"
+            f"{p.model_p50_ms:>8.1f} ms{p.model_p99_ms:>8.1f} ms"
         )
+    yield (
+        f"         own = end to end less the engine's time (the model's call, the wait for the "
+        f"batch before); end to end last / first third {lat.thirds_ratio:.3f}, last / first "
+        f"{lat.window_s:.0f} s {lat.ratio:.3f}"
+    )
     load = outcome.extra.get("host_cpu_cores")
     if load is not None:
         yield (

@@ -151,8 +151,10 @@ def soak(args: argparse.Namespace) -> Outcome:
         new_os=len(after_ids - before_ids),
     )
     load = host_load(during)
-    capture, e2e, model_ms = read_latencies(result.run_dir)
-    latency = latency_windows(capture, e2e, window_s=args.window_s, model_ms=model_ms)
+    capture, e2e, model_ms, wait_ms = read_latencies(result.run_dir)
+    latency = latency_windows(
+        capture, e2e, window_s=args.window_s, model_ms=model_ms, wait_ms=wait_ms
+    )
     # memory time runs from the start of capture (model load and the engine's warm-up come
     # before it); the end is the last sample while the pipeline's threads ran: `run` also
     # writes the report (matplotlib plots), whose memory is not the pipeline's
@@ -167,6 +169,7 @@ def soak(args: argparse.Namespace) -> Outcome:
         accounting=accounting,
         rss_limit_mb=args.rss_limit_mb,
         latency_ratio=args.latency_ratio,
+        model_ratio=args.model_ratio,
         run_status=record.status,
         threads_not_stopped=summary.get("threads_not_stopped", []),
     )
