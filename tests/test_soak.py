@@ -26,7 +26,7 @@ SOAK_S = float(os.environ.get("DRIVEPERCEPT_SOAK_S", "600"))
 if str(SCRIPTS) not in sys.path:
     sys.path.append(str(SCRIPTS))
 
-from _soak import latency, measure, sampling  # noqa: E402  (scripts/ is a folder, not a package)
+from _soak import latency, measure, report, sampling  # noqa: E402  (scripts/ is a folder, not a package)
 
 
 def _load_script() -> ModuleType:
@@ -293,6 +293,68 @@ def test_criteria_fail_on_each_measurement_alone() -> None:
         arg = "latency" if key == "model_latency" else key
         failed = [c.name for c in measure.criteria(**{**base, arg: value}) if not c.passed]
         assert len(failed) == (2 if key == "threads" else 1), (key, failed)
+
+
+def test_the_table_and_soak_json_carry_every_figure_and_verdict() -> None:
+    # given a made-up outcome: the own part's p99 20 -> 26 ms (failing), the model steady, one
+    # camera, a model figure unknown (NaN)
+    parts = latency.Part(900, 120.0, 20.0, 41.0, 78.0), latency.Part(900, 150.0, 26.0, 42.0, 80.0)
+    lat = latency.LatencyWindows(60.0, *parts, *parts)
+    rss = measure.RssGrowth(60.0, 900.0, 905.0, 910.0)
+    threads = measure.ThreadCheck(("MainThread",), ("MainThread",), 8, 8, 30, 50)
+    checks = measure.criteria(
+        threads=threads,
+        rss=rss,
+        latency=lat,
+        accounting=[_account()],
+        rss_limit_mb=50.0,
+        latency_ratio=1.2,
+        run_status="complete",
+        threads_not_stopped=[],
+    )
+    settings = {
+        "cameras": ["front"],
+        "fps": 15.0,
+        "duration_s": 600.0,
+        "model": "yolox-nano",
+        "weights_note": "made up",
+        "device": "cpu",
+        "loadavg_before": [0.5],
+        "loadavg_after": [1.5],
+        "cpu_count": 2,
+        "nan_figure": math.nan,
+    }
+    extra = {
+        "run_dir": "/tmp/x",
+        "run_summary": {
+            "frames": 9000,
+            "elapsed_s": 600.0,
+            "throughput_fps": 15.0,
+            "batches": 9000,
+            "mean_batch_size": 1.0,
+        },
+        "host_cpu_cores": None,
+        "in_transit_during_run": {},
+        "outages": {"front": {"frames_lost_estimate": 0}},
+        "server": {"skipped_slow_client": {"front": 0}},
+    }
+    outcome = report.Outcome(settings, threads, rss, 920.0, lat, [_account()], extra, [], checks)
+    # when it is printed and written
+    lines = list(report.table(outcome))
+    data = outcome.to_json()
+    # then the latency rows give each part's figures, and the verdicts name the failing one
+    assert any(line.split()[:3] == ["last", "60", "s"] and "26.0 ms" in line for line in lines)
+    verdicts = [line for line in lines if line.startswith(("PASS", "FAIL"))]
+    assert len(verdicts) == len(checks) == 8
+    failed = [line for line in verdicts if line.startswith("FAIL")]
+    assert len(failed) == 1 and failed[0].startswith("FAIL  p99 latency less the engine's time")
+    assert "1.300 (26.0 / 20.0 ms" in failed[0]
+    assert not outcome.passed and data["passed"] is False
+    # and soak.json holds the ratios and strict JSON (NaN written as null)
+    assert data["latency"]["steady_ratio"] == pytest.approx(1.3)
+    assert data["latency"]["model_ratio"] == pytest.approx(42.0 / 41.0, abs=1e-4)
+    assert data["settings"]["nan_figure"] is None
+    json.dumps(data, allow_nan=False)
 
 
 def test_cameras_reuse_clips_under_new_names() -> None:
