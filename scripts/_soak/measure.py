@@ -174,13 +174,13 @@ def criteria(
             rss.growth_mb < rss_limit_mb,
         ),
         Criterion(
-            "p99 latency less the engine's time, last / first third",
+            "p99 latency less the engine's time, last / first third, over the host's slowdown",
             latency_value(latency),
             f"<= {latency_ratio:g}",
             latency.steady_ratio <= latency_ratio,  # NaN fails
         ),
         Criterion(
-            "model time per batch, median, last / first third",
+            "model time per batch, mean, last / first third",
             model_value(latency),
             f"<= {model_ratio:g}",
             latency.model_ratio <= model_ratio,  # NaN fails

@@ -64,8 +64,9 @@ class Outcome:
                 **asdict(self.latency),
                 "ratio": round(self.latency.ratio, 4),
                 "thirds_ratio": round(self.latency.thirds_ratio, 4),
-                "steady_ratio": round(self.latency.steady_ratio, 4),
+                "own_ratio": round(self.latency.own_ratio, 4),
                 "model_ratio": round(self.latency.model_ratio, 4),
+                "steady_ratio": round(self.latency.steady_ratio, 4),
             },
             "accounting": [
                 {
@@ -113,12 +114,12 @@ def table(outcome: Outcome) -> Iterator[str]:
     )
     lat = outcome.latency
     parts = (("first", lat.window_s, lat.first), ("last", lat.window_s, lat.last))
-    yield "latency  part                  frames  end to end p99  own p99  model p50  model p99"
+    yield "latency  part                  frames  end to end p99  own p99  model mean  model p99"
     for name, w, p in (*parts, ("first third", None, lat.early), ("last third", None, lat.late)):
         label = name if w is None else f"{name} {w:.0f} s"
         yield (
             f"         {label:<20}{p.frames:>8}{p.p99_ms:>13.1f} ms{p.own_p99_ms:>6.1f} ms"
-            f"{p.model_p50_ms:>8.1f} ms{p.model_p99_ms:>8.1f} ms"
+            f"{p.model_mean_ms:>9.1f} ms{p.model_p99_ms:>8.1f} ms"
         )
     yield (
         f"         own = end to end less the engine's time (the model's call, the wait for the "
