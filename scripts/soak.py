@@ -16,7 +16,7 @@ every few seconds from a `soak-sampler` thread, and then checks:
 * latency: each frame's end to end (capture -> emitted, frames.csv) is split into the
   engine's time (the model's call on its batch, and its wait for the engine to finish the
   batches before it) and the pipeline's own part (the rest: decode, queues, the wait for the
-  other cameras, preparing the batch, post-processing, emitting). Two criteria: the model's
+  other cameras, preparing the batch, post-processing). Two criteria: the model's
   mean time per batch in the last third of the run is within --model-ratio (1.3) of the
   first third's (an engine the pipeline slows down fails it; this shared host's own drift is
   10-30 %), and the own part's p99 in the last third, over the first third's and divided by
