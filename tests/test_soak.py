@@ -91,14 +91,14 @@ def test_engine_wait_is_the_time_queued_while_earlier_batches_ran() -> None:
         (3, 200, 205, 240),
     ]
     b, q, s, d = (np.array(c) for c in zip(*rows, strict=True))
-    got = latency.engine_wait_ms(b, q * 1_000_000, s * 1_000_000, d * 1_000_000)
+    got = latency.behind_ms(b, q * 1_000_000, s * 1_000_000, d * 1_000_000)
     # then batch 2's frames waited until 130 ms (the latest end before them): 40 and 10 ms;
     # batch 1's frame waited for batch 0 only until its own compute began (0 ms); the others
     # did not wait
     assert got.tolist() == pytest.approx([40.0, 0.0, 0.0, 10.0, 0.0])
-    assert latency.engine_wait_ms([], [], [], []).size == 0
+    assert latency.behind_ms([], [], [], []).size == 0
     with pytest.raises(ValueError, match="one stamp of each per frame"):
-        latency.engine_wait_ms([0, 1], [0], [0, 1], [0, 1])
+        latency.behind_ms([0, 1], [0], [0, 1], [0, 1])
 
 
 def _run_of(

@@ -6,7 +6,8 @@ Each frame's end-to-end latency is split in two:
 
 * the engine's time: the model's call on the frame's batch (compute start -> inference done)
   and the time the frame, once queued, waited for the engine to finish the batches before it
-  (`engine_wait_ms`). Both are the model's speed, and on a shared host that is the host's
+  (`behind_ms`; not the report's `engine_wait` span, batched -> copy start). Both are the
+  model's speed, and on a shared host that is the host's
   speed: the same batches cost the engine lanes more CPU time when the host's cores run
   slower (docs/LIVE.md).
 * the pipeline's own part, the rest: decoding, queueing, waiting for the other cameras'
@@ -32,12 +33,15 @@ judged."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:  # the run's modules load only when a run is read
+    from drivepercept.telemetry.stats import FloatArray, IntArray
 
 # the most the model's mean time per batch may drift, last third over first: this shared
 # host's cores run 10-30 % slower for minutes at a time; more is likelier the pipeline's doing
@@ -112,7 +116,7 @@ def window_s_for(span_s: float, window_s: float) -> float:
     return min(window_s, span_s / 3.0) if span_s > 0 else window_s
 
 
-def engine_wait_ms(
+def behind_ms(
     batch_index: npt.ArrayLike,
     queued_ns: npt.ArrayLike,
     compute_start_ns: npt.ArrayLike,
@@ -155,37 +159,37 @@ def _part(mask: np.ndarray, e2e: np.ndarray, own: np.ndarray, model: np.ndarray 
 
 
 def latency_windows(
-    capture_ns: Sequence[int],
-    end_to_end_ms: Sequence[float],
+    capture_ns: npt.ArrayLike,
+    end_to_end_ms: npt.ArrayLike,
     *,
     window_s: float,
-    model_ms: Sequence[float] | None = None,
-    wait_ms: Sequence[float] | None = None,
+    model_ms: npt.ArrayLike | None = None,
+    wait_ms: npt.ArrayLike | None = None,
 ) -> LatencyWindows:
     """The figures of the frames captured in the first and the last window and third of the
     capture span (from the first to the last capture of any camera). A frame's own part is
-    its end to end less `model_ms` and `wait_ms` (each frame's model call and wait for the
-    engine, `engine_wait_ms`), at least 0; without them, its end to end.
+    its end to end less `model_ms` and `wait_ms` (each frame's model call and wait behind the
+    batches before, `behind_ms`), at least 0; without them, its end to end.
 
     Raises:
         ValueError: no frames, or the sequences differ in length.
     """
-    if len(capture_ns) != len(end_to_end_ms) or not capture_ns:
-        raise ValueError(
-            f"expected as many latencies as capture times (> 0), got {len(end_to_end_ms)} "
-            f"and {len(capture_ns)}"
-        )
-    for name, values in (("model times", model_ms), ("engine waits", wait_ms)):
-        if values is not None and len(values) != len(capture_ns):
-            raise ValueError(
-                f"expected as many {name} as capture times, got {len(values)} and {len(capture_ns)}"
-            )
     t = np.asarray(capture_ns, dtype=np.int64)
     e2e = np.asarray(end_to_end_ms, dtype=np.float64)
+    if t.size != e2e.size or not t.size:
+        raise ValueError(
+            f"expected as many latencies as capture times (> 0), got {e2e.size} and {t.size}"
+        )
     model = None if model_ms is None else np.asarray(model_ms, dtype=np.float64)
+    wait = None if wait_ms is None else np.asarray(wait_ms, dtype=np.float64)
+    for name, values in (("model times", model), ("engine waits", wait)):
+        if values is not None and values.size != t.size:
+            raise ValueError(
+                f"expected as many {name} as capture times, got {values.size} and {t.size}"
+            )
     engine = np.zeros_like(e2e) if model is None else model.copy()
-    if wait_ms is not None:
-        engine += np.asarray(wait_ms, dtype=np.float64)
+    if wait is not None:
+        engine += wait
     own = np.maximum(e2e - engine, 0.0)
     rel_s = (t - t.min()) / 1e9
     span_s = float(rel_s.max())
@@ -220,21 +224,17 @@ def model_value(latency: LatencyWindows) -> str:
     )
 
 
-def read_latencies(run_dir: Path) -> tuple[list[int], list[float], list[float], list[float]]:
+def read_latencies(run_dir: Path) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
     """(capture_ns, end_to_end_ms, model_ms, wait_ms) of every frame of a run, as the report
-    reads them: model_ms is compute start to inference done (the batch's model call), wait_ms
-    the frame's wait for the engine (`engine_wait_ms`)."""
+    reads them: model_ms is the timeline's `inference` span (compute start -> inference done,
+    the batch's model call), wait_ms the frame's wait behind the batches before (`behind_ms`)."""
     from drivepercept.report import load_run
+    from drivepercept.telemetry.timeline import STAGE_SPANS
 
     timeline = load_run(run_dir).timeline
     stamps = timeline.stamps
-    model_ms = (stamps["inference_done"] - stamps["compute_start"]) / 1e6
-    wait_ms = engine_wait_ms(
+    inference = next(span for span in STAGE_SPANS if span.name == "inference")
+    wait_ms = behind_ms(
         timeline.batch_index, stamps["queued"], stamps["compute_start"], stamps["inference_done"]
     )
-    return (
-        stamps["capture"].tolist(),
-        timeline.end_to_end_ms.tolist(),
-        model_ms.tolist(),
-        wait_ms.tolist(),
-    )
+    return stamps["capture"], timeline.end_to_end_ms, timeline.span(inference), wait_ms
