@@ -182,6 +182,7 @@ def _frames(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "detections.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # 11 s; test_hostile_camera.py's quick tests reconnect cameras too
 def test_a_camera_that_stalls_without_closing_is_reconnected_and_the_other_goes_on(
     tmp_path: Path,
 ) -> None:

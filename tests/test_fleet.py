@@ -137,6 +137,7 @@ def test_four_drives_and_a_corrupt_one(
     assert not (tmp_path / "out" / "_fleet" / "partial").exists()
 
 
+@pytest.mark.slow  # 10 s of Ray; CI's slow stage runs it
 def test_a_killed_worker_has_its_drive_retried(
     drives: dict[str, Path], ray_session: None, tmp_path: Path
 ) -> None:
@@ -179,6 +180,7 @@ def _cli(*args: str) -> subprocess.Popen[str]:
     return children.cli("fleet", "--no-progress", *args, env=env)
 
 
+@pytest.mark.slow  # 23 s; the quick suite's fleet run is test_four_drives_and_a_corrupt_one
 def test_ctrl_c_then_resume_runs_only_the_unfinished(
     drives: dict[str, Path], ray_session: None, tmp_path: Path
 ) -> None:

@@ -440,6 +440,7 @@ XVFB = shutil.which("Xvfb")
 XDOTOOL = shutil.which("xdotool")
 
 
+@pytest.mark.slow  # 15 s under xvfb; test_show_without_a_display_runs_without_a_window stays quick
 @pytest.mark.desktop
 @pytest.mark.skipif(XVFB is None or XDOTOOL is None, reason="needs Debian's xvfb and xdotool")
 def test_show_opens_a_live_window_on_a_display(tmp_path: Path, server: CameraServer) -> None:

@@ -139,6 +139,7 @@ def test_replay_whole_sample_rig_processes_every_frame_once(tmp_path: Path) -> N
     assert len(per_cam) == 6
 
 
+@pytest.mark.slow  # 8 s on the real clips; the sample rig's replays stay quick
 def test_replay_real_clips_as_one_rig(road_clips: RoadClips, tmp_path: Path) -> None:
     # given three road clips with different sizes, frame rates and containers
     clips = road_clips.all
