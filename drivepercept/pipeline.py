@@ -206,11 +206,20 @@ class Pipeline:
         """Completion thread: the stage, the sinks, then the counters; None after the last
         batch, for what the stage still holds (tracking's frames waiting for their rig step,
         its `flush`). A batch the sinks refuse (closing, an essential output failed) is not
-        counted: counts match files."""
-        if results and self.scheduler is not None:  # how late its model batches came
-            self.scheduler.observe(results[0].batch_index, results[0].timing.emitted_ns)
+        counted: counts match files.
+
+        With a stage, a frame is `emitted` when the stage hands it on (the engine stamped it
+        when its boxes were ready): what a consumer waits for is the tracked frame, so the
+        stage's time is in every frame's end to end, and in the lateness the deadline
+        scheduler learns its margin from."""
+        batch = results[0].batch_index if results else None
         if self.stage is not None:  # it may hold frames back, or add earlier ones
             results = self.stage(results) if results else getattr(self.stage, "flush", list)()
+            if results:
+                results = _emitted_at(results, time.monotonic_ns())
+        if batch is not None and self.scheduler is not None:  # how late its model batch came
+            now = results[0].timing.emitted_ns if results else time.monotonic_ns()
+            self.scheduler.observe(batch, now)
         if results and self.sinks.dispatch(results):
             self.counters.add(results)
 
@@ -443,3 +452,11 @@ class Pipeline:
         expected = [d.expected_frames for d in self.decoders]
         total = -1 if -1 in expected else sum(expected)
         return RunProgress(self.cameras(), self.latest_load(), sum(self.frames_done()), total)
+
+
+def _emitted_at(results: list[FrameResult], now_ns: int) -> list[FrameResult]:
+    """The results, each stamped `emitted` at `now_ns` (handed on then)."""
+    return [
+        dataclasses.replace(r, timing=dataclasses.replace(r.timing, emitted_ns=now_ns))
+        for r in results
+    ]

@@ -244,6 +244,34 @@ def test_a_model_that_raises_on_one_batch_loses_that_batch_only() -> None:
     assert sorted(r.frame_index for r in sink.results) == [0, 1, *range(3, 10)]
 
 
+def test_a_tracking_stage_s_time_is_in_every_frame_s_end_to_end() -> None:
+    # what a consumer waits for is the stage's output: a frame is emitted when the stage
+    # hands it on, so a stage that takes 20 ms per batch shows in every frame's emit span
+    def slow_stage(results: list[FrameResult]) -> list[FrameResult]:
+        time.sleep(0.02)
+        return results
+
+    sink = Collect()
+    cams = [(f"c{i}", FakeReader(frames=6)) for i in range(2)]
+    with Pipeline(
+        cameras=cams,
+        detector=make_oracle(size=(64, 64)),
+        config=_cpu(warmup=False, sample_hz=0),
+        sinks=[sink],
+        stage=slow_stage,
+    ) as p:
+        p.run()
+    assert len(sink.results) == 12
+    for r in sink.results:
+        t = r.timing
+        assert t.emitted_ns - t.postprocessed_ns >= 20_000_000, r.meta
+    # one batch's frames are handed on together
+    by_batch: dict[int, set[int]] = {}
+    for r in sink.results:
+        by_batch.setdefault(r.batch_index, set()).add(r.timing.emitted_ns)
+    assert all(len(stamps) == 1 for stamps in by_batch.values())
+
+
 @pytest.mark.parametrize("detect_every", [1, 2])
 def test_a_model_that_keeps_raising_stops_the_run(detect_every: int) -> None:
     # (with a detection interval of 2 on one camera, every other batch has no frame for the

@@ -39,7 +39,7 @@ STAGE_SPANS: tuple[Span, ...] = (
     Span("compute_wait", "copy_done", "compute_start", "uploaded, waiting for compute"),
     Span("inference", "compute_start", "inference_done", "normalise + model"),
     Span("postprocess", "inference_done", "postprocessed", "NMS, device to host"),
-    Span("emit", "postprocessed", "emitted", "rescale boxes, hand to sinks"),
+    Span("emit", "postprocessed", "emitted", "rescale boxes, track (--track), hand on"),
 )
 assert [s.start for s in STAGE_SPANS[1:]] == [s.end for s in STAGE_SPANS[:-1]]
 assert STAGE_SPANS[0].start == "capture" and STAGE_SPANS[-1].end == "emitted"

@@ -12,7 +12,6 @@ back with `track_ids`, `velocities` and `global_ids` in their `Detections`, and 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
@@ -44,11 +43,8 @@ def _with_ids(
     track_ids: IntArray | None,
     velocities: npt.NDArray[np.float32] | None,
     global_ids: IntArray | None = None,
-    *,
-    emitted_ns: int | None = None,
 ) -> FrameResult:
-    """The result with these identities (and emitted at `emitted_ns` when it was held past
-    its batch: emitted then, not when detected)."""
+    """The result with these identities (the pipeline stamps when it is handed on)."""
     det = result.detections  # built directly: `dataclasses.replace` costs twice as much
     tracked = Detections(
         det.xyxy,
@@ -60,10 +56,7 @@ def _with_ids(
         global_ids=global_ids,
         predicted=det.predicted,
     )
-    timing = result.timing
-    if emitted_ns is not None:
-        timing = dataclasses.replace(timing, emitted_ns=emitted_ns)
-    return FrameResult(result.meta, result.batch_index, result.batch_size, tracked, timing)
+    return FrameResult(result.meta, result.batch_index, result.batch_size, tracked, result.timing)
 
 
 def _timed(result: FrameResult) -> bool:
@@ -92,7 +85,7 @@ class TrackingSummary:
     ms_per_frame: float = 0.0  # the stage's own time per camera frame
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Held:
     """A tracked frame waiting for its rig step (`RigTracker`'s `hold_s`)."""
 
@@ -101,7 +94,6 @@ class _Held:
     ids: IntArray
     velocities: npt.NDArray[np.float32]
     observations: list[Observation]
-    held: bool = False  # returned by a later call than its own
 
 
 class RigTracker:
@@ -281,8 +273,6 @@ class RigTracker:
             step = held[:size]
             del held[:size]
             out += self._fuse(step)
-        for h in held:
-            h.held = True
         return out
 
     def _fuse(
@@ -298,13 +288,11 @@ class RigTracker:
         if self.on_step is not None:
             stamp_ns = newest.stamp_ns if _timed(newest) else round(t_s * 1e9)
             self.on_step(RigStep(newest.frame_index, newest.pts_s, stamp_ns, objects))
-        now = time.monotonic_ns()
         out = []
         for h in step:
             camera = h.result.camera
             gids = np.array([links.get((camera, t), -1) for t in h.ids.tolist()], np.int64)
-            emitted = now if h.held else None
-            out.append(_with_ids(h.result, h.ids, h.velocities, gids, emitted_ns=emitted))
+            out.append(_with_ids(h.result, h.ids, h.velocities, gids))
         return out
 
     def _observations(

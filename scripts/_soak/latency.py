@@ -11,10 +11,10 @@ Each frame's end-to-end latency is split in two:
   speed: the same batches cost the engine lanes more CPU time when the host's cores run
   slower (docs/LIVE.md).
 * the pipeline's own part, the rest: decoding, queueing, waiting for the other cameras'
-  frames, preparing the batch, post-processing. The engine stamps `emitted` as it hands a
-  batch's results on, so the sinks' time and the tracking stage's on a batch are not in
-  its latency, end to end included (a frame the stage holds back is stamped again when it
-  lets it go); a 0-10 ms delay injected after the stamp changed nothing measured.
+  frames, preparing the batch, post-processing. `emitted` is stamped as a batch's results
+  are ready to be handed on (by the engine; with a tracking stage, which the soak has not,
+  after it), so the sinks' time is not in any latency, end to end included: a 0-10 ms delay
+  injected after the engine's stamp changed nothing measured.
 
 At capacity (six cameras at 15 fps with yolox-nano on this 2-core host: a batch every 67 ms,
 one batch at a time, 42 ms usually but 78 ms on the host's slow episodes) a frame that comes
