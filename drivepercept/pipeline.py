@@ -13,6 +13,7 @@ as a `PipelineError` with the cause attached. The pipeline is a context manager.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import queue
 import signal
@@ -175,6 +176,7 @@ class Pipeline:
             )
         self.counters = RunCounters(self.names)
         self._started = False
+        self._frozen = False  # `freeze_heap`: this pipeline froze the heap
         self._drain_started = 0.0
 
     # ------------------------------------------------------------------ wiring
@@ -240,6 +242,10 @@ class Pipeline:
         while not self.engine.ready.wait(0.1):
             if self.stop_event.is_set():
                 break
+        if self.config.freeze_heap and not self._frozen:
+            gc.collect()
+            gc.freeze()  # `PipelineConfig.freeze_heap`; `close` unfreezes
+            self._frozen = True
         self.batcher.start()
         for d in self.decoders:
             d.start()
@@ -401,10 +407,15 @@ class Pipeline:
 
     def close(self) -> None:
         """Stop and join everything (idempotent)."""
-        if self._started:
-            self._shutdown()
-        else:
-            self._close_sinks()
+        try:
+            if self._started:
+                self._shutdown()
+            else:
+                self._close_sinks()
+        finally:
+            if self._frozen:  # what the run froze may be collected again
+                gc.unfreeze()
+                self._frozen = False
 
     def stats(
         self,

@@ -46,6 +46,7 @@ def test_replay_mode_chooses_nothing_and_live_modes_choose_the_live_policies() -
             "queue_capacity": 1,
             "max_in_flight": 2,  # n+1 computes while n is post-processed
             "ring_slots": 3,  # and one for the next batch, made just in time
+            "freeze_heap": True,  # no full garbage collection during the run
         }
     # the staging slots follow the in-flight batches the caller chose
     assert Mode.LIVE.policies({"device": "cpu", "max_in_flight": 3})["ring_slots"] == 4
@@ -58,7 +59,7 @@ def test_the_callers_settings_win_over_the_mode_and_the_defaults_fill_the_rest()
     assert (config.queue_capacity, config.drop_policy) == (2, "drop_oldest")
     assert config.score_threshold == PipelineConfig().score_threshold
     replay = RunOptions(sources=("a.mp4",)).pipeline()
-    assert (replay.drop_policy, replay.queue_capacity) == ("block", 4)
+    assert (replay.drop_policy, replay.queue_capacity, replay.freeze_heap) == ("block", 4, False)
     assert RunOptions(sources=("a",), mode=Mode.REALTIME).run_command == "replay --realtime"
 
 

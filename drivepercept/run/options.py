@@ -156,6 +156,7 @@ class Mode(enum.Enum):
             "queue_capacity": DEADLINE_QUEUE if settings.get("deadline_ms") else 1,
             "max_in_flight": in_flight,
             "ring_slots": in_flight + 1,
+            "freeze_heap": True,  # no full garbage collection inside a latency budget
         }
 
 
