@@ -1,7 +1,7 @@
 """The one place that wires the stages, owns their threads and shuts them down.
 
     decode-<camera> (one per camera) -> CameraQueues -> batcher -> StagingRing slot -> engine
-    (upload, normalise, model, NMS) -> engine-complete (-> tracking stage) -> sinks
+    (upload, normalise, model, NMS) -> engine-complete (`handoff`: -> tracking stage) -> sinks
     gpu-monitor (beside them, when sample_hz > 0): GPU / CPU / memory load -> load sinks
 
 Shutdown: one `threading.Event`; every queue operation has a timeout; every thread sends its
@@ -13,7 +13,6 @@ as a `PipelineError` with the cause attached. The pipeline is a context manager.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import queue
 import signal
@@ -29,6 +28,8 @@ from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
 from drivepercept.engine.engine import InferenceEngine
 from drivepercept.errors import ConfigError, DrivePerceptError, StageError, one_line
+from drivepercept.handoff import Handoff
+from drivepercept.heap import FrozenHeap
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
 from drivepercept.schedule import DeadlineScheduler
@@ -138,6 +139,10 @@ class Pipeline:
         ]
         # a deadline: detect or predict, per camera and frame
         self.scheduler = DeadlineScheduler.for_config(self.names, config, priorities)
+        self.counters = RunCounters(self.names)
+        emit = Handoff(
+            stage=stage, scheduler=self.scheduler, sinks=self.sinks, counters=self.counters
+        )
         self._batches: queue.Queue[Batch | None] = queue.Queue(maxsize=config.ring_slots)
         self.batcher = Batcher(
             queues=self.queues,
@@ -157,11 +162,11 @@ class Pipeline:
             device=self.device,
             ring=self.ring,
             inbox=self._batches,
-            emit=self._emit,
+            emit=emit,
             stop=self.stop_event,
             max_batch=len(cameras),
             on_error=self._fail,
-            on_end=lambda: self._emit(None),
+            on_end=lambda: emit(None),
             service=self.scheduler.service if self.scheduler is not None else None,
         )
         self.load_sinks = list(load_sinks)
@@ -174,9 +179,8 @@ class Pipeline:
                 on_sample=self._on_load_sample,
                 on_error=self._fail,
             )
-        self.counters = RunCounters(self.names)
         self._started = False
-        self._frozen = False  # `freeze_heap`: this pipeline froze the heap
+        self._heap = FrozenHeap()  # `config.freeze_heap`: from capture to close
         self._drain_started = 0.0
 
     # ------------------------------------------------------------------ wiring
@@ -204,27 +208,6 @@ class Pipeline:
         log.debug("pipeline stage %s failed", threading.current_thread().name, exc_info=exc)
         self.stop_event.set()
 
-    def _emit(self, results: list[FrameResult] | None) -> None:
-        """Completion thread: the stage, the sinks, then the counters; None after the last
-        batch, for what the stage still holds (tracking's frames waiting for their rig step,
-        its `flush`). A batch the sinks refuse (closing, an essential output failed) is not
-        counted: counts match files.
-
-        With a stage, a frame is `emitted` when the stage hands it on (the engine stamped it
-        when its boxes were ready): what a consumer waits for is the tracked frame, so the
-        stage's time is in every frame's end to end, and in the lateness the deadline
-        scheduler learns its margin from."""
-        batch = results[0].batch_index if results else None
-        if self.stage is not None:  # it may hold frames back, or add earlier ones
-            results = self.stage(results) if results else getattr(self.stage, "flush", list)()
-            if results:
-                results = _emitted_at(results, time.monotonic_ns())
-        if batch is not None and self.scheduler is not None:  # how late its model batch came
-            now = results[0].timing.emitted_ns if results else time.monotonic_ns()
-            self.scheduler.observe(batch, now)
-        if results and self.sinks.dispatch(results):
-            self.counters.add(results)
-
     def start(self) -> None:
         if self._started:
             return
@@ -242,10 +225,8 @@ class Pipeline:
         while not self.engine.ready.wait(0.1):
             if self.stop_event.is_set():
                 break
-        if self.config.freeze_heap and not self._frozen:
-            gc.collect()
-            gc.freeze()  # `PipelineConfig.freeze_heap`; `close` unfreezes
-            self._frozen = True
+        if self.config.freeze_heap:  # no full collection walks the warm process in the run
+            self._heap.freeze()
         self.batcher.start()
         for d in self.decoders:
             d.start()
@@ -402,20 +383,16 @@ class Pipeline:
                     log.error("closing %s failed: %s", type(sink).__name__, exc)
                     self._errors.append(exc)
         finally:
+            self._heap.thaw()  # what the run froze may be collected again
             if held is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def close(self) -> None:
         """Stop and join everything (idempotent)."""
-        try:
-            if self._started:
-                self._shutdown()
-            else:
-                self._close_sinks()
-        finally:
-            if self._frozen:  # what the run froze may be collected again
-                gc.unfreeze()
-                self._frozen = False
+        if self._started:
+            self._shutdown()
+        else:
+            self._close_sinks()
 
     def stats(
         self,
@@ -463,11 +440,3 @@ class Pipeline:
         expected = [d.expected_frames for d in self.decoders]
         total = -1 if -1 in expected else sum(expected)
         return RunProgress(self.cameras(), self.latest_load(), sum(self.frames_done()), total)
-
-
-def _emitted_at(results: list[FrameResult], now_ns: int) -> list[FrameResult]:
-    """The results, each stamped `emitted` at `now_ns` (handed on then)."""
-    return [
-        dataclasses.replace(r, timing=dataclasses.replace(r.timing, emitted_ns=now_ns))
-        for r in results
-    ]

@@ -41,10 +41,13 @@ ALLOWED: dict[str, set[str]] = {
     "eval": {"types", "rundir", "telemetry"},
     "sim": {"types", "rig", "geometry", "recording"},
     "tracking": {"types", "rig", "geometry"},
+    # the completion thread's hand-off: the stage, the emitted stamp, the sinks, the counters
+    "handoff": {"types", "schedule", "sinks", "telemetry"},
+    "heap": set(),  # the heap frozen for a run (`freeze_heap`)
 }
 STAGES = {"types", "geometry", "rig", "config", "rundir", "sources", "queues", "batching"}
 STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads", "recording"}
-STAGES |= {"tracking", "alignment", "schedule"}
+STAGES |= {"tracking", "alignment", "schedule", "handoff", "heap"}
 ABOVE = {
     "pipeline": STAGES,
     "run": STAGES | {"pipeline", "report", "eval"},

@@ -1,0 +1,56 @@
+"""What the engine's completion thread does with a finished batch's results (`Pipeline`
+wires it): the tracking stage, the `emitted` stamp, the deadline scheduler's lateness, the
+sinks, the counters.
+
+A frame is `emitted` when it is handed to the sinks: the engine stamps it as its boxes are
+ready, and a stage after the engine (tracking) stamps it again as the stage hands it on, so
+that the stage's time is in every frame's end to end, as it is in what a consumer waits for,
+and in the lateness the scheduler learns its margin from (on the sample rig, replayed in real
+time with a budget, the stage took 2.4 ms a six-frame batch, p50).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from drivepercept.schedule import DeadlineScheduler
+from drivepercept.sinks.fanout import SinkSet
+from drivepercept.telemetry.counters import RunCounters
+from drivepercept.types import FrameResult
+
+Stage = Callable[[list[FrameResult]], list[FrameResult]]
+
+
+def handed_on(results: list[FrameResult], emitted_ns: int) -> list[FrameResult]:
+    """The results, stamped `emitted` at `emitted_ns`."""
+    replace = dataclasses.replace
+    return [replace(r, timing=replace(r.timing, emitted_ns=emitted_ns)) for r in results]
+
+
+class Handoff:
+    """The completion thread's hand-off: called with each batch's results, and with None
+    after the last batch, for what the stage still holds (tracking's frames waiting for
+    their rig step, its `flush`). A batch the sinks refuse (closing, an essential output
+    failed) is not counted: counts match files."""
+
+    def __init__(
+        self,
+        *,
+        stage: Stage | None,
+        scheduler: DeadlineScheduler | None,
+        sinks: SinkSet,
+        counters: RunCounters,
+    ) -> None:
+        self.stage, self.scheduler, self.sinks, self.counters = stage, scheduler, sinks, counters
+
+    def __call__(self, results: list[FrameResult] | None) -> None:
+        batch = results[0].batch_index if results else None
+        if self.stage is not None:  # it may hold frames back, or add earlier ones
+            results = self.stage(results) if results else getattr(self.stage, "flush", list)()
+            results = handed_on(results, time.monotonic_ns())
+        if batch is not None and self.scheduler is not None:  # how late its model batch came
+            self.scheduler.observe(batch, time.monotonic_ns())
+        if results and self.sinks.dispatch(results):
+            self.counters.add(results)
