@@ -112,7 +112,11 @@ class ServiceTimes:
             return
         cold = not provisional and self._real == 0 and ns < COLD_WARM_UP * self.estimate_ns(rows)
         with self._lock:
-            if not provisional:
+            if provisional:  # the warm-up's second call at a size replaces its first (set-up)
+                kept = [sample for sample in self._samples if not (sample[2] and sample[0] == rows)]
+                self._samples.clear()
+                self._samples.extend(kept)
+            else:
                 self._real += 1
                 if cold or self._real == RECENT_SAMPLES + 1:  # (warm-up's: the first kept)
                     kept = [sample for sample in self._samples if not sample[2]]

@@ -87,6 +87,20 @@ def test_a_slow_warm_up_gives_the_first_estimate_and_goes_with_the_first_real_ba
     assert clock.estimate_ns(6) / MS == pytest.approx(100, rel=0.05)
 
 
+def test_the_warm_up_s_second_call_at_a_size_replaces_its_first() -> None:
+    """A size's first call pays set-up (the sample rig's tiny on 2 cores: six rows 209 ms,
+    then 61): the warm-up runs every size twice and only the second call is kept."""
+    clock = ServiceTimes()
+    for ms in ((209, 106, 41, 40, 21, 20), (61, 60, 41, 40, 21, 21)):
+        for rows, took in zip(range(6, 0, -1), ms, strict=True):
+            clock.add(rows, took * MS, provisional=True)
+    assert 55 < clock.estimate_ns(6) / MS < 90  # a line through them, scaled by the overrun
+    first_only = ServiceTimes()
+    for rows, took in zip(range(6, 0, -1), (209, 106, 41, 40, 21, 20), strict=True):
+        first_only.add(rows, took * MS, provisional=True)
+    assert first_only.estimate_ns(6) / MS > 150  # what split the run's first frames
+
+
 def test_a_warm_up_as_slow_as_the_run_stays_among_its_first_batches() -> None:
     """One or two batches alone are noise: under load the run's first 3-row batch took 39 ms,
     the next ones 43-70, the warm-up's 57; estimates from the first alone made the next

@@ -139,9 +139,8 @@ class InferenceEngine:
         # launched and not yet finished: at most max_in_flight; launched into lanes, one batch
         # per lane and one more queued, so that a lane never waits for the completion thread
         # to post its last batch and the engine to launch the next
-        in_flight = config.max_in_flight
-        if self._launch_in_lanes:
-            in_flight = max(in_flight, self.step.lanes.count + 1)
+        lanes = self.step.lanes.count + 1 if self._launch_in_lanes else 0
+        in_flight = max(config.max_in_flight, lanes)
         self.flight_limit = in_flight
         self._flight_slots = threading.Semaphore(in_flight)
         self._in_flight: queue.Queue[InFlight | None] = queue.Queue(maxsize=in_flight + 1)
@@ -264,12 +263,13 @@ class InferenceEngine:
         """One batch at the rig's size and one of a single frame, through every step and
         stream, waited for; timed, and never counted as frames. On a CPU the full batch's compute
         (not a compile) is `free_at_ns`'s first estimate (live's first batches, BENCHMARKS.md).
-        With a deadline (not compiled), every size between: the scheduler's batches are any
-        size, and a first call at a size runs slow (3-17 ms more at 2-5 rows, tiny, 2 cores)."""
+        With a deadline (not compiled), every size between, twice: the second pass is the
+        estimate (a size's first call pays set-up: six rows 209 ms, then 61; tiny, 2 cores)."""
         width, height = self.detector.input.size
         runs = []
-        every = self.config.deadline_ms > 0 and not self.config.compile
-        for size in dict.fromkeys(range(self.max_batch, 0, -1) if every else (self.max_batch, 1)):
+        passes = 2 if self.config.deadline_ms > 0 and not self.config.compile else 1
+        sizes = range(self.max_batch, 0, -1) if passes == 2 else dict.fromkeys((self.max_batch, 1))
+        for size in [*sizes] * passes:
             with on_device(self.device):
                 rows = flights.warmup_rows(size, width, height, pin=self.cuda)
             start = time.perf_counter_ns()
