@@ -41,7 +41,7 @@ def _leaks(run_dir: Path, *texts: str) -> list[str]:
     return found
 
 
-@pytest.mark.slow  # 9 s of live running; test_the_forms_a_pattern_list_missed_leak_nowhere stays quick
+@pytest.mark.slow  # 9 s of live; test_the_forms_a_pattern_list_missed_leak_nowhere stays quick
 @pytest.mark.integration
 def test_live_with_credentialed_urls_leaks_no_secret(tmp_path: Path, server: CameraServer) -> None:
     good = server.url("front").replace("http://", f"http://admin:{PASSWORD}@") + f"?token={TOKEN}"
