@@ -14,13 +14,15 @@ import gc
 
 
 class FrozenHeap:
-    """Freezes the heap once (`freeze`) and thaws it (`thaw`); both idempotent."""
+    """Freezes the heap once (`freeze`) and thaws it (`thaw`); both idempotent. A heap that
+    something else froze (the caller, before a fork; another pipeline still running) is left
+    as it is: `gc.unfreeze` would thaw all of it, not only what this froze."""
 
     def __init__(self) -> None:
         self.frozen = False
 
     def freeze(self) -> None:
-        if not self.frozen:
+        if not self.frozen and gc.get_freeze_count() == 0:
             gc.collect()
             gc.freeze()
             self.frozen = True

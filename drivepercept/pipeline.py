@@ -28,7 +28,7 @@ from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
 from drivepercept.engine.engine import InferenceEngine
 from drivepercept.errors import ConfigError, DrivePerceptError, StageError, one_line
-from drivepercept.handoff import Handoff
+from drivepercept.handoff import Handoff, Stage
 from drivepercept.heap import FrozenHeap
 from drivepercept.models.base import Detector
 from drivepercept.queues import CameraQueues
@@ -43,7 +43,6 @@ from drivepercept.types import (
     Batch,
     CameraSnapshot,
     DropPolicy,
-    FrameResult,
     LoadSample,
     PipelineDescription,
     RunProgress,
@@ -88,7 +87,7 @@ class Pipeline:
         keep_original: bool = False,
         load_sinks: Sequence[LoadSink] = (),
         capture_stop: threading.Event | None = None,
-        stage: Callable[[list[FrameResult]], list[FrameResult]] | None = None,
+        stage: Stage | None = None,
         priorities: Sequence[float] | None = None,
         detect_every: Sequence[int] | None = None,
     ) -> None:

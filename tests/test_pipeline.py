@@ -306,6 +306,25 @@ def test_freeze_heap_freezes_the_warm_process_for_the_run_and_unfreezes_at_close
     assert gc.get_freeze_count() == 0
 
 
+def test_a_heap_the_caller_froze_stays_frozen_after_the_run() -> None:
+    # gc.unfreeze thaws everything: a pipeline thaws only a heap it froze itself
+    import gc
+
+    gc.freeze()
+    before = gc.get_freeze_count()
+    try:
+        with Pipeline(
+            cameras=[("c", FakeReader(frames=2))],
+            detector=make_oracle(size=(64, 64)),
+            config=_cpu(warmup=False, sample_hz=0, freeze_heap=True),
+            sinks=[Collect()],
+        ) as p:
+            p.run()
+        assert gc.get_freeze_count() >= before > 0
+    finally:
+        gc.unfreeze()
+
+
 @pytest.mark.parametrize("detect_every", [1, 2])
 def test_a_model_that_keeps_raising_stops_the_run(detect_every: int) -> None:
     # (with a detection interval of 2 on one camera, every other batch has no frame for the
