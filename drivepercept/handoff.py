@@ -54,3 +54,22 @@ class Handoff:
             self.scheduler.observe(batch, time.monotonic_ns())
         if results and self.sinks.dispatch(results):
             self.counters.add(results)
+
+    def overdue(self, results: list[FrameResult], sent: int) -> None:
+        """Frames the engine is late with (`engine.overdue`, predicted and empty; the first
+        `sent` were given to the model, the others wait behind): those the stage can answer
+        from their cameras' tracks are answered and handed on now (not a frame the scheduler
+        forced: it must be detected); their boxes, when they come, only move the tracks on."""
+        answer: Stage | None = getattr(self.stage, "overdue", None)
+        if answer is None:
+            return
+        model = {(r.camera, r.frame_index) for r in results[:sent]}
+        if self.scheduler is not None:
+            forced = [self.scheduler.must_wait(r.batch_index, r.camera_index) for r in results]
+            results = [r for k, r in enumerate(results) if k >= sent or not forced[k]]
+        results = handed_on(answer(results), time.monotonic_ns()) if results else []
+        if results and self.scheduler is not None:
+            late = [r.camera_index for r in results if (r.camera, r.frame_index) in model]
+            self.scheduler.overdue(late)
+        if results and self.sinks.dispatch(results):
+            self.counters.add(results, batch=False)

@@ -27,6 +27,7 @@ from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
 from drivepercept.engine.engine import InferenceEngine
+from drivepercept.engine.overdue import OverdueFrames
 from drivepercept.errors import ConfigError, DrivePerceptError, StageError, one_line
 from drivepercept.handoff import Handoff, Stage
 from drivepercept.heap import FrozenHeap
@@ -168,6 +169,11 @@ class Pipeline:
             on_end=lambda: emit(None),
             service=self.scheduler.service if self.scheduler is not None else None,
         )
+        if self.scheduler is not None and stage is not None:  # late frames answered in time
+            names = self.engine.step.class_names
+            self.engine.overdue = OverdueFrames(
+                config.deadline_ms, names, emit.overdue, inbox=self._batches
+            )
         self.load_sinks = list(load_sinks)
         self.sampler: LoadSampler | None = None
         if config.sample_hz > 0:

@@ -181,9 +181,9 @@ class DeadlineScheduler:
         self._lock = threading.Lock()
         self._last_detected_ns: list[int | None] = [None] * n  # capture time
         self._longest_gap_ns = [0] * n
-        self._detected = [0] * n
-        self._predicted = [0] * n
-        self._forced = [0] * n
+        self._detected, self._predicted, self._forced = [0] * n, [0] * n, [0] * n
+        self._overdue = [0] * n  # detected frames answered by prediction (`engine.overdue`)
+        self._forced_in: collections.OrderedDict[int, frozenset[int]] = collections.OrderedDict()
         # (rows, ns late against the estimate) of the latest answers
         self._errors: collections.deque[tuple[int, float]] = collections.deque(maxlen=ERRORS_KEPT)
         self._expected: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
@@ -358,6 +358,10 @@ class DeadlineScheduler:
                 self._predicted[cam] += 1
             for cam in forced:
                 self._forced[cam] += 1
+            if batch_index is not None and forced:  # they wait for the model (`must_wait`)
+                self._forced_in[batch_index] = frozenset(forced)
+                if len(self._forced_in) > 64:
+                    self._forced_in.popitem(last=False)
             if batch_index is not None and detected and not firsts:
                 self._expected[batch_index] = (expected_done_ns, len(detected))
                 while len(self._expected) > 64:  # answers that never came (a failed batch)
@@ -394,6 +398,19 @@ class DeadlineScheduler:
             if self._timeline:
                 self._timeline[-1].margin_ms = max(self._timeline[-1].margin_ms, margin)
 
+    def must_wait(self, batch_index: int, camera: int) -> bool:
+        """Whether a camera's frame in a model batch was forced (first, reconnect, starvation
+        bound): it waits for the model's boxes, however late."""
+        with self._lock:
+            return camera in self._forced_in.get(batch_index, ())
+
+    def overdue(self, cameras: Sequence[int]) -> None:
+        """These cameras' frames were answered by prediction at their deadline, the model
+        late with them (`figures`: detected, and `overdue`; their boxes went to the tracks)."""
+        with self._lock:
+            for cam in cameras:
+                self._overdue[cam] += 1
+
     # ------------------------------------------------------------------ reporting
 
     def figures(self) -> dict[str, object]:
@@ -409,6 +426,7 @@ class DeadlineScheduler:
                         self._detected[i] / max(1, self._detected[i] + self._predicted[i]), 4
                     ),
                     "forced": self._forced[i],
+                    "overdue": self._overdue[i],
                     "longest_gap_ms": round(self._longest_gap_ns[i] / 1e6, 3),
                 }
                 for i, name in enumerate(self.cameras)

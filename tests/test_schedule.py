@@ -476,7 +476,8 @@ def test_a_real_time_run_with_a_budget_answers_every_frame(in_process: Cli, tmp_
         first = next(ln for ln in lines if ln["camera"] == camera and ln["frame_index"] == 0)
         assert not first.get("predicted"), camera
         predicted = sum(1 for ln in lines if ln["camera"] == camera and ln.get("predicted"))
-        assert figures["predicted"] == predicted
+        # (a frame the model was late with is answered by prediction: `overdue`)
+        assert figures["predicted"] + figures["overdue"] == predicted
         assert figures["detected"] + figures["predicted"] == 30
         assert figures["longest_gap_ms"] <= 1000.0 + 67.0 + 5.0, (camera, figures)
     assert schedule["cameras"]["front"]["priority"] == 3.0

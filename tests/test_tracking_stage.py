@@ -219,3 +219,47 @@ def test_a_frame_that_was_not_detected_gets_its_tracks_moved_on() -> None:
     (after,) = tracker([frame("front", 6, seen(6))])
     ids = after.detections.track_ids
     assert ids is not None and ids.tolist() == [1] and not after.detections.predicted
+
+
+def test_a_frame_the_model_is_late_with_is_answered_from_tracks_once() -> None:
+    """`overdue`: a frame whose boxes have not come by its deadline is answered now from its
+    camera's tracks; its boxes, when they come, move the tracks on and are not answered
+    again. A camera with nothing recent to predict from is left to the model."""
+    tracker = RigTracker([CameraConfig(name="front"), CameraConfig(name="back")])
+    lb = Letterbox((640, 360), (640, 360), 1.0, 1.0, 0, 0)
+    timing = FrameTiming(*range(11))
+
+    def frame(camera: str, k: int, det: Detections) -> FrameResult:
+        meta = FrameMeta(camera, 0, k, k / 10, 0, 0, 0, lb)
+        return FrameResult(meta, k, 2, det, timing)
+
+    def seen(k: int) -> Detections:  # a car moving right at 100 px/s
+        xyxy = np.array([[100.0 + 10 * k, 100.0, 160.0 + 10 * k, 150.0]], np.float32)
+        return Detections(xyxy, np.array([0.9], np.float32), np.array([0]), DRIVING_CLASSES)
+
+    nothing = Detections.empty(DRIVING_CLASSES, predicted=True)
+    for k in range(5):
+        tracker([frame("front", k, seen(k))])
+    # when front's frame 5 and back's frame 5 (back never detected) are late
+    answered = tracker.overdue([frame("front", 5, nothing), frame("back", 5, nothing)])
+    # then front's is answered from its track, flagged predicted; back's waits for the model
+    assert [(r.camera, r.frame_index) for r in answered] == [("front", 5)]
+    det = answered[0].detections
+    assert det.predicted and det.track_ids is not None and det.track_ids.tolist() == [1]
+    assert np.abs(det.xyxy[0] - [150.0, 100.0, 210.0, 150.0]).max() < 3.0
+    # and when the batch's boxes come (the car 15 px further than its motion said), front's
+    # frame is not handed on again, back's is
+    jumped = seen(5)
+    jumped.xyxy[:, [0, 2]] += 15.0
+    late = tracker([frame("front", 5, jumped), frame("back", 5, seen(5))])
+    assert [(r.camera, r.frame_index) for r in late] == [("back", 5)]
+    # and front's late boxes moved its track on: frame 6, not detected, starts from them
+    (guess,) = tracker([frame("front", 6, nothing)])
+    assert guess.detections.track_ids is not None and guess.detections.track_ids.tolist() == [1]
+    assert guess.detections.xyxy[0, 0] > 163.0  # from frame 4's box alone: 160
+    # and a camera detected over a second before its late frame is left to the model too
+    assert tracker.overdue([frame("front", 20, nothing)]) == []
+    # and a replay's stage (rig steps by time) answers nothing early
+    held = RigTracker([CameraConfig(name="front")], hold_s=2.0)
+    held([frame("front", 0, seen(0))])
+    assert held.overdue([frame("front", 1, nothing)]) == []

@@ -19,19 +19,14 @@ Two named threads:
   here, on this thread). It frees the staging slot once the upload is done, maps boxes back
   through each frame's letterbox and hands the frames' results on.
 
-With a detection interval a batch's last `Batch.predicted` frames are not for the model: it
-runs on the first rows only, and those frames come out with empty `Detections` flagged
-`predicted` (the tracking stage fills them in). A batch with no frame for the model is
-passed to `engine-complete` in its turn without touching the device (with a deadline such
-batches have no staging slot, `NO_SLOT`). Each model batch's rows and compute time go to the
-deadline scheduler's service clock, through `busy.BusyClock`, which also says when the
-engine will be free.
-
-A batch the model (or its post-processing) raises on is set aside, not the run: its slot is
-given back, its frames get no results (counted in `failed_batches` / `failed_frames`, and in
-their cameras' `discarded`), the error is logged once per batch, and the next batch runs.
-Only `failures.MAX_FAILED_IN_A_ROW` failed batches in a row (a model that cannot run at all)
-stop the run, through the pipeline's error handler; a failure in the warm-up stops it at once.
+With a detection interval a batch's last `Batch.predicted` frames are not for the model
+(`results`: empty `Detections` flagged `predicted`, for the tracking stage); a batch of none
+goes to `engine-complete` in its turn without touching the device. Each model batch's rows
+and compute time go to the deadline scheduler's service clock (`busy.BusyClock`, which also
+says when the engine will be free); with a deadline, `overdue.OverdueFrames` has the
+completion thread answer a batch's frames by prediction when the model is late with them.
+A batch the model (or its post-processing) raises on is set aside, not the run
+(`failures.BatchFailures`: its slot given back, its frames counted, the error logged).
 
 CUDA events order the streams (compute waits for its copy, post-processing for its compute)
 and time each span. On the CPU the same steps run in the same order on the same threads,
@@ -58,6 +53,7 @@ from drivepercept.engine.busy import BusyClock, ServiceClock
 from drivepercept.engine.device import on_device
 from drivepercept.engine.failures import BatchFailures
 from drivepercept.engine.flight import InFlight, Staged, new_event, new_stream, tensors
+from drivepercept.engine.overdue import OverdueFrames
 from drivepercept.engine.results import batch_results
 from drivepercept.engine.step import DetectorStep
 from drivepercept.models.base import Detector
@@ -123,18 +119,16 @@ class InferenceEngine:
         self._now_in_flight = 0
         self.in_flight_high_water = 0
         self.failures = BatchFailures()  # batches the model or post-processing raised on
-        # when the engine will take its next batch (`free_at_ns`); the deadline scheduler's
-        # measure of the model (each batch's rows and compute time) is fed through it
+        self.overdue = OverdueFrames()  # with a deadline, the pipeline's (watches nothing)
+        # when the engine takes its next batch; feeds the scheduler's measure of the model
         self.busy = BusyClock(inbox, service)
         # On the CPU a staging slot is free once its float copy is taken: replay refills it
         # during compute. Live (drop_oldest) keeps it until the model is done, so that the
         # batcher takes each camera's newest frame just when the engine is free.
         self._release_early = config.drop_policy == "block"
-        # Replay on CPU lanes: each batch is handed whole to a free lane (cut over them when
-        # none waits behind it) and the next one taken at once, the completion thread
-        # waiting for its outputs, so that no lane idles at a batch's end (`Lanes.launch`).
-        # Live keeps the compute in this thread: the batcher then makes each batch just when
-        # the engine is free.
+        # Replay on CPU lanes: each batch handed whole to a free lane (cut over them when none
+        # waits behind it), the completion thread waiting for it, so that no lane idles at a
+        # batch's end (`Lanes.launch`). Live computes in this thread: batches just in time.
         self._launch_in_lanes = not self.cuda and self._release_early and self.step.lanes.count > 1
         # launched and not yet finished: at most max_in_flight; launched into lanes, one batch
         # per lane and one more queued, so that a lane never waits for the completion thread
@@ -216,6 +210,7 @@ class InferenceEngine:
             with contextlib.suppress(RuntimeError):  # a broken context raises here too
                 staged.copied.synchronize()  # the slot is free once its upload is done
         self._release(staged)
+        self.overdue.finished(batch)
         self.failures.failed(batch, exc)
 
     def _landed(self) -> None:
@@ -326,8 +321,8 @@ class InferenceEngine:
             put_until_stopped(self._in_flight, None, self.stop)
 
     def _pass(self, batch: Batch) -> None:
-        """A batch the model does not see (`Batch.predicted` is all of it): its slot is
-        given back, and it goes to the completion thread in its turn, with no rows."""
+        """A batch the model does not see: to the completion thread in its turn, no rows."""
+        self.overdue.launched(batch)  # (its frames wait behind the batches before it)
         now = time.monotonic_ns()
         staged = Staged(batch, 0, self._no_rows, now, copy_done_ns=now)
         self._release(staged)
@@ -343,6 +338,7 @@ class InferenceEngine:
         with self._count_lock:
             self._now_in_flight += 1
             self.in_flight_high_water = max(self.in_flight_high_water, self._now_in_flight)
+        self.overdue.launched(staged.batch)
         started = self.busy.began(staged.size)
         try:
             flight = self._compute(staged)
@@ -363,8 +359,9 @@ class InferenceEngine:
     def _run_complete(self) -> None:
         while True:
             try:
-                flight = self._in_flight.get(timeout=_POLL_S)
+                flight = self._in_flight.get(timeout=self.overdue.timeout_s(_POLL_S))
             except queue.Empty:
+                self.overdue.answer_due()  # the model is late with a batch's frames
                 if self.stop.is_set() and not self._submit.is_alive():
                     break
                 continue
@@ -383,12 +380,14 @@ class InferenceEngine:
         staged = flight.staged
         n = staged.size
         if flight.launched is not None:  # CPU lanes: their outputs, once all are done
+            self.overdue.wait(flight.launched.finished)
             flight.outputs = flight.launched.wait()
             flight.times_ns["inference_done"] = flight.launched.done_ns
         if self.cuda:
             assert staged.copied is not None and flight.inferred is not None
             staged.copied.synchronize()
             self._release(staged)  # the upload is done: the slot may be refilled
+            self.overdue.wait(flights.reached(flight.inferred))
             flight.inferred.synchronize()
         with flights.on_stream(self._post_stream), torch.inference_mode():
             if self.cuda:
@@ -444,6 +443,7 @@ class InferenceEngine:
             emitted_ns=time.monotonic_ns(),
         )
         self.emit(results)
+        self.overdue.finished(batch, flight.times_ns["inference_done"] if staged.size else None)
         self.batches_done += 1
         self.frames_done += len(results)
         if staged.size:  # a batch the model did not see says nothing of it

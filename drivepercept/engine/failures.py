@@ -4,6 +4,12 @@ A perception run should not die of one bad batch (a transient out-of-memory on a
 crowded batch, one corrupt frame that trips the model), and should not pretend to run when
 the model fails every time. `BatchFailures` keeps the count, the frames without results and
 the last error; the engine asks it after each failed batch whether to go on.
+
+In the engine a failed batch's slot is given back and its frames get no results (counted in
+`failed_batches` / `failed_frames`, and in their cameras' `discarded`); the error is logged
+once per batch and the next batch runs. `MAX_FAILED_IN_A_ROW` failures in a row (a model
+that cannot run at all) stop the run through the pipeline's error handler; a failure in the
+warm-up stops it at once.
 """
 
 from __future__ import annotations

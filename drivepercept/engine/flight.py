@@ -4,7 +4,8 @@ launched compute, and the CUDA streams and events that order and time them."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -12,6 +13,10 @@ import torch
 from drivepercept.engine.lanes import Launched
 from drivepercept.engine.step import Outputs
 from drivepercept.types import Batch
+
+# how often a deadline run's completion thread looks at the device while it waits (a
+# blocking event's `synchronize` takes no timeout): answers 0.5 ms later at worst
+_POLL_EVENT_S = 0.0005
 
 
 @dataclass
@@ -48,6 +53,21 @@ def new_event(*, waited_on: bool = False) -> torch.cuda.Event:
     # an event the host waits for is blocking: the waiting thread sleeps instead of
     # spinning on a core the decoders need
     return torch.cuda.Event(enable_timing=True, blocking=waited_on)  # type: ignore[no-untyped-call]
+
+
+def reached(event: torch.cuda.Event) -> Callable[[float], bool]:
+    """A wait for `event` with a timeout (a blocking event's `synchronize` has none): called
+    with `timeout_s`, whether the device has reached it, polling for up to that long."""
+
+    def within(timeout_s: float) -> bool:
+        until = time.monotonic() + timeout_s
+        while not event.query():  # type: ignore[no-untyped-call]
+            if time.monotonic() >= until:
+                return False
+            time.sleep(_POLL_EVENT_S)
+        return True
+
+    return within
 
 
 def tensors(outputs: Outputs) -> Iterator[torch.Tensor]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 
 import torch
 
@@ -188,6 +189,10 @@ class Launched:
         launched = cls([])
         launched._outputs, launched.done_ns = outputs, time.monotonic_ns()
         return launched
+
+    def finished(self, timeout_s: float) -> bool:
+        """Whether every part is done, waiting up to `timeout_s` for it."""
+        return self._outputs is not None or not wait_for(self._futures, timeout_s).not_done
 
     def wait(self) -> Outputs:
         if self._outputs is None:

@@ -259,19 +259,22 @@ def deadline_section(summary: dict[str, Any], cameras: list[str]) -> str:
             fmt(c["predicted"]),
             fmt(100 * c["detected_share"]),
             fmt(c["forced"]),
+            fmt(c.get("overdue", 0)),
             fmt(c["longest_gap_ms"]),
         ]
         for name, c in schedule["cameras"].items()
     ]
     head = ["camera", "priority", "detected", "predicted", "detected %", "forced"]
-    head.append("longest gap ms")
+    head += ["overdue", "longest gap ms"]
     held = (
         f"The scheduler held a {schedule['budget_ms']:g} ms budget: per camera and frame, "
         "the model or the tracker's prediction for the frame's capture time. A camera's "
         f"first frame, and one {schedule['max_gap_ms']:g} ms after its last detected one, "
         "went to the model whatever the budget said (forced); the longest gap between "
         "detections leaves out gaps across a break in a camera's frames (over a second "
-        "between two of them: a reconnect, a stall)."
+        "between two of them: a reconnect, a stall). A frame the model was still on at its "
+        "deadline was answered by the tracker's prediction then (overdue), the model's boxes "
+        "going to the tracks when they came."
     )
     return (
         f"<h2>Deadline</h2><p>{esc(held)}</p>"

@@ -34,7 +34,7 @@ frames/s, null where there is nothing to measure):
 - tracking: run.json's tracking figures (`--track`), else null;
 - per_second: [{t_s, frames, p99_ms, over_budget}] per second of capture time (`deadline`);
 - schedule: a run that held its budget: {budget_ms, max_gap_ms, cameras: {name: {priority,
-  detected, predicted, detected_share, forced, longest_gap_ms}}, per_second: [{t_s,
+  detected, predicted, detected_share, forced, overdue, longest_gap_ms}}, per_second: [{t_s,
   detected_share: [per camera]}]}, else null.
 
 latency.csv: one row per (scope, stage): scope is "all" or a camera name, stage is

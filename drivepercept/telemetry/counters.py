@@ -107,10 +107,11 @@ class RunCounters:
         self._last_emit_ns = [0] * n
         self.batches = 0
 
-    def add(self, results: Sequence[FrameResult]) -> None:
-        """One batch's results (on the completion thread, after the sinks took them)."""
+    def add(self, results: Sequence[FrameResult], *, batch: bool = True) -> None:
+        """One batch's results (on the completion thread, after the sinks took them);
+        `batch` False: frames of a batch answered before it (`engine.overdue`)."""
         with self._lock:
-            self.batches += 1
+            self.batches += batch
             for r in results:
                 i = r.camera_index
                 latency_ms = r.timing.end_to_end_ms

@@ -316,6 +316,10 @@ class ByteTracker:
             tracks.keep(~drop)
         return ids, velocities
 
+    def last_update_s(self, camera: int) -> float | None:
+        """The time of the camera's latest detected frame (None: none yet)."""
+        return self._last_t.get(camera)
+
     def predict(self, camera: int, t_s: float) -> Prediction:
         """The camera's confirmed tracks that took a box in its latest frame, moved by their
         motion model to `t_s` (a frame of that camera that was not detected); nothing is

@@ -36,6 +36,8 @@ MAX_HELD_FRAMES = 64  # at most this many tracked frames wait for their rig step
 # carry its original image for an annotated video: a stalled camera must not hold hundreds)
 _DEFAULT_PERIOD_S = 0.1  # a rig step's width before any camera's frame interval is known
 _MIN_PERIOD_S = 1e-3  # intervals shorter than this (a repeated stamp) say nothing of the rate
+STALE_S = 1.0  # tracks older than this (no detected frame since) predict nothing (`overdue`)
+MAX_ANSWERED = 256  # frames answered early whose boxes are still to come, at most
 
 
 def _with_ids(
@@ -132,6 +134,7 @@ class RigTracker:
         self.on_step = on_step
         self.hold_s = hold_s
         self._held: list[_Held] = []
+        self._answered: dict[tuple[str, int], float] = {}  # (camera, frame) -> time (`overdue`)
         self._period: dict[str, float] = {}  # each camera's latest frame interval
         self.track_ns = 0  # time spent in the stage (tracking, placing, fusing)
         self.frames = 0
@@ -199,7 +202,51 @@ class RigTracker:
             self.track_ns += time.perf_counter_ns() - started
             self.frames += len(results)
 
+    def overdue(self, results: list[FrameResult]) -> list[FrameResult]:
+        """Frames the model is late with (predicted, empty; live only: a replay's rig steps
+        wait for time anyway): each whose camera has tracks to predict from (a detected
+        frame within `STALE_S` before it) answered now from them, as a frame the scheduler
+        chose not to detect. When their boxes come (`__call__`), they only update the
+        tracks: these frames are not answered twice."""
+        if self.hold_s:
+            return []
+        fresh = []
+        for r in results:
+            key = self._keys.get(r.camera)
+            last = None if key is None else self._tracker.last_update_s(key)
+            if last is not None and _timed(r) and r.stamp_ns / 1e9 - last <= STALE_S:
+                fresh.append(r)
+        if not fresh:
+            return []
+        out = self(fresh)
+        for r in fresh:
+            self._answered[(r.camera, r.frame_index)] = self._last_t[r.camera]
+        while len(self._answered) > MAX_ANSWERED:  # boxes that never came (a failed batch)
+            del self._answered[next(iter(self._answered))]
+        return out
+
+    def _late(self, results: list[FrameResult]) -> list[FrameResult]:
+        """The frames not answered yet; the tracks take the boxes of those answered
+        (`overdue`) that the model saw, at their own times."""
+        answered = [r for r in results if (r.camera, r.frame_index) in self._answered]
+        if not answered:
+            return results
+        late = []  # a frame the model did not see has nothing new for the tracks
+        for r in answered:
+            t_s = self._answered.pop((r.camera, r.frame_index))
+            if not r.detections.predicted:
+                det, key = r.detections, self._keys.setdefault(r.camera, len(self._keys))
+                xyxy, scores = np.asarray(det.xyxy, np.float64), np.asarray(det.scores, np.float64)
+                late.append(CameraBoxes(key, xyxy, scores, np.asarray(det.labels), t_s))
+        if late:
+            self._track(late)
+        return [r for r in results if not any(r is x for x in answered)]
+
     def _call(self, results: list[FrameResult]) -> list[FrameResult]:
+        if self._answered:
+            results = self._late(results)
+            if not results:
+                return []
         frames = [
             CameraBoxes(
                 self._keys.setdefault(r.camera, len(self._keys)),

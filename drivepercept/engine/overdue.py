@@ -1,0 +1,173 @@
+"""Frames the model has not answered by their deadline, answered by the tracker instead.
+
+With a latency budget the deadline scheduler sends a frame to the model only when the
+batch's answers are expected within the budget, with a margin for what it has seen go wrong.
+The machine can still turn slower within a batch: another process takes a core, the OS runs
+something else. Such a batch's frames would come out late. `OverdueFrames` watches the
+frames of every batch given to the model and not yet finished; when one of them reaches its
+deadline (capture + budget, less `GUARD_SHARE` of it for the answer's own work) and the
+model is not done, the engine's completion thread answers it at once as a predicted frame
+(its camera's tracks moved on to its capture time, as for a frame the scheduler chose not
+to detect). When the model's boxes come, they only move the tracks on: the frame has been
+answered, and is not answered twice. A frame whose camera has nothing to predict from (its
+first frame, a reconnect, tracks older than a second) is never offered: it waits for the
+model, as the scheduler's forced frames do.
+
+The engine calls `launched` and `finished` around each model batch, and waits through
+`wait` (on a batch's outputs: CPU lanes, CUDA events) or `timeout_s` (on its queue of
+finished batches) so that the completion thread, idle while the model runs, wakes for the
+first deadline. Everything here runs on the engine's threads; the lock guards the batches
+the submit thread adds.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from drivepercept.engine.results import batch_results
+from drivepercept.types import Batch, FrameMeta, FrameResult
+
+MIN_GUARD_NS = 3_000_000  # a frame is answered at least this long before its deadline
+MAX_GUARD_SHARE = 0.3  # and at most this share of the budget before it
+TAILS_KEPT = 32  # model batches whose work after the model the guard is the longest of
+RECHECK_S = 0.01  # the completion thread looks again at least this often (a batch launched
+# while it waits may fall due before the wait would end)
+MAX_BATCHES = 64  # batches watched at most (a batch never finished is forgotten)
+
+
+class OverdueFrames:
+    """See the module docstring.
+
+    Args:
+        budget_ms: the run's latency budget.
+        class_names: the detector's classes (the empty predicted frames carry them).
+        answer: receives the frames that fall due, as predicted `FrameResult`s with no
+            boxes, and how many of them, the first, the model was given (the others were
+            to be predicted anyway), on the completion thread (`Handoff.overdue`). None
+            (the default, a run without a deadline): nothing is watched.
+        inbox: the engine's inbox: the batches waiting in it are watched too (a batch made
+            while the model is late waits there, its frames as late as the model's).
+    """
+
+    def __init__(
+        self,
+        budget_ms: float = 0.0,
+        class_names: tuple[str, ...] = (),
+        answer: Callable[[list[FrameResult], int], None] | None = None,
+        inbox: queue.Queue[Batch | None] | None = None,
+    ) -> None:
+        self.budget_ns = int(budget_ms * 1e6)
+        # the time a batch's frames take from the model's end to their hand-off (NMS, the
+        # tracking stage): a frame still with the model this close to its deadline is late
+        self._tails: collections.deque[int] = collections.deque(maxlen=TAILS_KEPT)
+        self.class_names = class_names
+        self.answer = answer
+        self.inbox = inbox
+        self._lock = threading.Lock()
+        self._batches: dict[int, Batch] = {}  # batch index -> batch, in launch order
+        self._offered: set[tuple[int, int]] = set()  # (batch index, row) already offered
+        self.offered = 0
+
+    def launched(self, batch: Batch | None) -> None:
+        """A batch went to the model, or past it to the completion thread (a batch of
+        predicted frames); None: the warm-up's, not watched."""
+        if batch is None or self.answer is None:
+            return
+        with self._lock:
+            self._batches[batch.batch_index] = batch
+            while len(self._batches) > MAX_BATCHES:
+                self._forget(next(iter(self._batches)))
+
+    def finished(self, batch: Batch | None, model_done_ns: int | None = None) -> None:
+        """A batch has been handed on (or failed): its frames are no longer watched.
+        `model_done_ns`: when its model was done (the work after it is measured)."""
+        if batch is not None:
+            with self._lock:
+                if model_done_ns is not None and batch.batch_index in self._batches:
+                    self._tails.append(time.monotonic_ns() - model_done_ns)
+                self._forget(batch.batch_index)
+
+    @property
+    def after_ns(self) -> int:
+        """How long after its capture a frame falls due: the budget less the guard (the
+        longest recent work after the model, at least `MIN_GUARD_NS`)."""
+        tail = max(self._tails, default=0)
+        guard = min(max(MIN_GUARD_NS, tail), int(MAX_GUARD_SHARE * self.budget_ns))
+        return self.budget_ns - guard
+
+    def _forget(self, index: int) -> None:
+        self._batches.pop(index, None)
+        self._offered = {(b, row) for b, row in self._offered if b != index}
+
+    def _waiting(self) -> list[tuple[Batch, int, FrameMeta]]:
+        queued: list[Batch] = []
+        if self.inbox is not None and self.answer is not None:
+            with self.inbox.mutex:
+                queued = [b for b in self.inbox.queue if b is not None]
+        with self._lock:
+            batches = [*self._batches.values(), *queued]
+            return [
+                (b, row, m)
+                for b in batches
+                for row, m in enumerate(b.frames)
+                if (b.batch_index, row) not in self._offered
+            ]
+
+    def next_due_ns(self) -> int | None:
+        """When the first watched frame falls due (monotonic ns); None: none watched."""
+        first = min((m.capture_ns for _, _, m in self._waiting()), default=None)
+        return None if first is None else first + self.after_ns
+
+    def timeout_s(self, longest_s: float) -> float:
+        """How long the completion thread may wait before the next frame falls due."""
+        due = self.next_due_ns()
+        if self.answer is None:
+            return longest_s
+        if due is None:
+            return min(longest_s, RECHECK_S)
+        return min(longest_s, RECHECK_S, max(0.0, (due - time.monotonic_ns()) / 1e9))
+
+    def answer_due(self) -> None:
+        """Answer every watched frame that has fallen due (each at most once)."""
+        if self.answer is None:
+            return
+        now = time.monotonic_ns()
+        due: dict[int, tuple[Batch, list[FrameMeta], list[FrameMeta]]] = {}
+        for batch, row, meta in self._waiting():
+            if meta.capture_ns + self.after_ns <= now:
+                sent, other = due.setdefault(batch.batch_index, (batch, [], []))[1:]
+                (sent if row < batch.detected else other).append(meta)
+                with self._lock:
+                    self._offered.add((batch.batch_index, row))
+        for batch, sent, other in due.values():
+            metas = (*sent, *other)
+            self.offered += len(metas)
+            part = dataclasses.replace(batch, frames=metas, predicted=len(metas))
+            times = dict.fromkeys(("compute_start", "inference_done", "postprocessed"), now)
+            results = batch_results(
+                part,
+                np.empty((0, 0, 6), np.float32),
+                [],
+                self.class_names,
+                submit_ns=now,
+                copy_done_ns=now,
+                times_ns=times,
+                emitted_ns=now,
+            )
+            self.answer(results, len(sent))
+
+    def wait(self, finished: Callable[[float], bool]) -> None:
+        """With frames watched, wait until `finished(timeout_s)` (True once the model is
+        done), answering the frames that fall due meanwhile; the caller then takes the
+        outputs (its own wait returns at once, or is the only one without a deadline)."""
+        while self.next_due_ns() is not None:
+            if finished(self.timeout_s(3600.0)):
+                return
+            self.answer_due()
