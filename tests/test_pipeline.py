@@ -597,7 +597,20 @@ def test_progress_gets_readings_and_may_stop_capture() -> None:
     assert described.config["batch_timeout_ms"] == p.config.batch_timeout_ms
 
 
-def test_frames_the_model_is_late_with_are_answered_by_their_deadline() -> None:
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.cuda,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+            ],
+        ),
+    ],
+)
+def test_frames_the_model_is_late_with_are_answered_by_their_deadline(device: str) -> None:
     # given a live run with a 150 ms budget and tracking, and a model that takes 10 ms a
     # batch, except one batch that takes 500 ms (another process took the cores mid-batch)
     from drivepercept.rig import CameraConfig
@@ -614,14 +627,14 @@ def test_frames_the_model_is_late_with_are_answered_by_their_deadline() -> None:
                 stall["start"] = time.monotonic_ns()
                 time.sleep(0.5)
                 stall["end"] = time.monotonic_ns()
-            return _Sleepy(0.01).forward(x)
+            return [{k: v.to(x.device) for k, v in d.items()} for d in _Sleepy(0.01).forward(x)]
 
     detector = Detector("stalls", StallsOnce(), InputSpec((64, 64)), ("a",))
     names = ("c0", "c1")
     sink = Collect()
-    config = _cpu(
-        deadline_ms=150, drop_policy="drop_oldest", queue_capacity=8, max_in_flight=2,
-        ring_slots=3, cpu_lanes=1, sample_hz=0,
+    config = PipelineConfig(
+        device=device, deadline_ms=150, drop_policy="drop_oldest", queue_capacity=8,
+        max_in_flight=2, ring_slots=3, cpu_lanes=1, sample_hz=0,
     )  # fmt: skip
     with Pipeline(
         cameras=[(n, FakeReader(frames=40, pace_s=0.05)) for n in names],
