@@ -597,22 +597,13 @@ def test_progress_gets_readings_and_may_stop_capture() -> None:
     assert described.config["batch_timeout_ms"] == p.config.batch_timeout_ms
 
 
-@pytest.mark.parametrize(
-    "device",
-    [
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=[
-                pytest.mark.cuda,
-                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-            ],
-        ),
-    ],
-)
-def test_frames_the_model_is_late_with_are_answered_by_their_deadline(device: str) -> None:
-    # given a live run with a 150 ms budget and tracking, and a model that takes 10 ms a
-    # batch, except one batch that takes 500 ms (another process took the cores mid-batch)
+def _stalled_run(
+    device: str, slow_call: int
+) -> tuple[list[FrameResult], dict[str, int], dict[str, object], int]:
+    """Two cameras at 20 fps paced live, 40 frames each, a 150 ms budget, tracking, and a
+    model that takes 10 ms a batch except call `slow_call` (the warm-up makes 4), 500 ms:
+    the results, the stall's start and end (monotonic ns), the schedule's figures and the
+    frames counted."""
     from drivepercept.rig import CameraConfig
     from drivepercept.tracking.stage import RigTracker
 
@@ -623,7 +614,7 @@ def test_frames_the_model_is_late_with_are_answered_by_their_deadline(device: st
 
         def forward(self, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
             StallsOnce.calls += 1
-            if StallsOnce.calls == 12:  # the 8th batch after the warm-up's 4
+            if StallsOnce.calls == slow_call:
                 stall["start"] = time.monotonic_ns()
                 time.sleep(0.5)
                 stall["end"] = time.monotonic_ns()
@@ -646,20 +637,52 @@ def test_frames_the_model_is_late_with_are_answered_by_their_deadline(device: st
         stats = p.run()
         figures = p.scheduler.figures() if p.scheduler is not None else {}
     assert stall, "the model never reached its slow batch"
+    return sink.results, stall, figures, stats.frames
+
+
+_DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_frames_the_model_is_late_with_are_answered_by_their_deadline(device: str) -> None:
+    # given a live run with a 150 ms budget and tracking, and a model that takes 10 ms a
+    # batch, except its 8th real batch, 500 ms (another process took the cores mid-batch)
+    results, stall, figures, frames = _stalled_run(device, slow_call=12)
     # then that batch's frames were answered while the model was still on them, from their
     # cameras' tracks, within the budget
-    answered = [
-        r for r in sink.results if stall["start"] < r.timing.compute_start_ns < stall["end"]
-    ]
+    answered = [r for r in results if stall["start"] < r.timing.compute_start_ns < stall["end"]]
     assert answered and all(r.detections.predicted for r in answered)
     assert all(r.timing.end_to_end_ms <= 150 for r in answered), [
         r.timing.end_to_end_ms for r in answered
     ]
     # and once each: the model's boxes for them, when they came, were not handed on again
-    keys = [(r.camera, r.frame_index) for r in sink.results]
-    assert len(keys) == len(set(keys)) == stats.frames
+    keys = [(r.camera, r.frame_index) for r in results]
+    assert len(keys) == len(set(keys)) == frames
     # and run.json's schedule counts them (with the frames that waited behind the slow batch
     # and were answered from tracks as soon as they fell due)
     cameras = figures["cameras"]
     assert isinstance(cameras, dict)
     assert sum(c["overdue"] for c in cameras.values()) >= len(answered)
+
+
+def test_a_camera_s_first_frame_waits_for_the_model_however_late() -> None:
+    # given the same run, the model's first real batch (the cameras' first frames) stalled
+    results, stall, _, frames = _stalled_run("cpu", slow_call=5)
+    # then nothing was answered while it stalled: there were no tracks to predict from, and
+    # a camera's first frame must be detected
+    assert not [r for r in results if stall["start"] < r.timing.emitted_ns < stall["end"]]
+    firsts = [r for r in results if r.frame_index == 0]
+    assert len(firsts) == 2 and not any(r.detections.predicted for r in firsts)
+    assert all(r.timing.end_to_end_ms > 150 for r in firsts)  # late, and detected
+    # and every frame was answered once
+    keys = [(r.camera, r.frame_index) for r in results]
+    assert len(keys) == len(set(keys)) == frames
