@@ -55,14 +55,15 @@ class Handoff:
         if results and self.sinks.dispatch(results):
             self.counters.add(results)
 
-    def overdue(self, results: list[FrameResult], sent: int) -> None:
+    def overdue(self, results: list[FrameResult], sent: int) -> list[FrameResult]:
         """Frames the engine is late with (`engine.overdue`, predicted and empty; the first
         `sent` were given to the model, the others wait behind): those the stage can answer
         from their cameras' tracks are answered and handed on now (not a frame the scheduler
-        forced: it must be detected); their boxes, when they come, only move the tracks on."""
+        forced: it must be detected); their boxes, when they come, only move the tracks on.
+        Returns those answered."""
         answer: Stage | None = getattr(self.stage, "overdue", None)
         if answer is None:
-            return
+            return []
         model = {(r.camera, r.frame_index) for r in results[:sent]}
         if self.scheduler is not None:
             forced = [self.scheduler.must_wait(r.batch_index, r.camera_index) for r in results]
@@ -73,3 +74,4 @@ class Handoff:
             self.scheduler.overdue(late)
         if results and self.sinks.dispatch(results):
             self.counters.add(results, batch=False)
+        return results

@@ -51,7 +51,8 @@ class OverdueFrames:
         answer: receives the frames that fall due, as predicted `FrameResult`s with no
             boxes, and how many of them, the first, the model was given (the others were
             to be predicted anyway), on the completion thread (`Handoff.overdue`). None
-            (the default, a run without a deadline): nothing is watched.
+            (the default, a run without a deadline): nothing is watched. Returns the
+            frames it answered.
         inbox: the engine's inbox: the batches waiting in it are watched too (a batch made
             while the model is late waits there, its frames as late as the model's).
     """
@@ -60,7 +61,7 @@ class OverdueFrames:
         self,
         budget_ms: float = 0.0,
         class_names: tuple[str, ...] = (),
-        answer: Callable[[list[FrameResult], int], None] | None = None,
+        answer: Callable[[list[FrameResult], int], list[FrameResult]] | None = None,
         inbox: queue.Queue[Batch | None] | None = None,
     ) -> None:
         self.budget_ns = int(budget_ms * 1e6)
@@ -73,6 +74,7 @@ class OverdueFrames:
         self._lock = threading.Lock()
         self._batches: dict[int, Batch] = {}  # batch index -> batch, in launch order
         self._offered: set[tuple[int, int]] = set()  # (batch index, row) already offered
+        self._held: set[tuple[int, int]] = set()  # of them, those left to the model
         self.offered = 0
 
     def launched(self, batch: Batch | None) -> None:
@@ -105,8 +107,10 @@ class OverdueFrames:
     def _forget(self, index: int) -> None:
         self._batches.pop(index, None)
         self._offered = {(b, row) for b, row in self._offered if b != index}
+        self._held = {(b, row) for b, row in self._held if b != index}
 
-    def _waiting(self) -> list[tuple[Batch, int, FrameMeta]]:
+    def _rows(self) -> list[tuple[Batch, int, FrameMeta, bool]]:
+        """Every frame watched: its batch, row, meta, and whether it was offered."""
         queued: list[Batch] = []
         if self.inbox is not None and self.answer is not None:
             with self.inbox.mutex:
@@ -114,15 +118,30 @@ class OverdueFrames:
         with self._lock:
             batches = [*self._batches.values(), *queued]
             return [
-                (b, row, m)
+                (b, row, m, (b.batch_index, row) in self._offered)
                 for b in batches
                 for row, m in enumerate(b.frames)
-                if (b.batch_index, row) not in self._offered
             ]
+
+    def _open(self) -> list[tuple[Batch, int, FrameMeta]]:
+        """The frames not offered yet that may be: none while an earlier frame of its camera
+        waits unanswered (a camera's answers go out in its frames' order)."""
+        rows = self._rows()
+        with self._lock:
+            waiting = [
+                (m.camera_index, m.capture_ns)
+                for b, row, m, offered in rows
+                if not offered or (b.batch_index, row) in self._held
+            ]
+        return [
+            (b, row, m)
+            for b, row, m, offered in rows
+            if not offered and not any(c == m.camera_index and t < m.capture_ns for c, t in waiting)
+        ]
 
     def next_due_ns(self) -> int | None:
         """When the first watched frame falls due (monotonic ns); None: none watched."""
-        first = min((m.capture_ns for _, _, m in self._waiting()), default=None)
+        first = min((m.capture_ns for _, _, m in self._open()), default=None)
         return None if first is None else first + self.after_ns
 
     def timeout_s(self, longest_s: float) -> float:
@@ -135,21 +154,21 @@ class OverdueFrames:
         return min(longest_s, RECHECK_S, max(0.0, (due - time.monotonic_ns()) / 1e9))
 
     def answer_due(self) -> None:
-        """Answer every watched frame that has fallen due (each at most once)."""
+        """Offer every watched frame that has fallen due (each once, a camera's in order);
+        those the answer leaves out wait for the model."""
         if self.answer is None:
             return
         now = time.monotonic_ns()
-        due: dict[int, tuple[Batch, list[FrameMeta], list[FrameMeta]]] = {}
-        for batch, row, meta in self._waiting():
+        due: dict[int, tuple[Batch, list[tuple[int, FrameMeta]], list[tuple[int, FrameMeta]]]]
+        due = {}
+        for batch, row, meta in self._open():
             if meta.capture_ns + self.after_ns <= now:
                 sent, other = due.setdefault(batch.batch_index, (batch, [], []))[1:]
-                (sent if row < batch.detected else other).append(meta)
-                with self._lock:
-                    self._offered.add((batch.batch_index, row))
-        for batch, sent, other in due.values():
-            metas = (*sent, *other)
-            self.offered += len(metas)
-            part = dataclasses.replace(batch, frames=metas, predicted=len(metas))
+                (sent if row < batch.detected else other).append((row, meta))
+        for batch, sent, other in sorted(due.values(), key=lambda d: d[0].batch_index):
+            rows = (*sent, *other)
+            self.offered += len(rows)
+            part = dataclasses.replace(batch, frames=tuple(m for _, m in rows), predicted=len(rows))
             times = dict.fromkeys(("compute_start", "inference_done", "postprocessed"), now)
             results = batch_results(
                 part,
@@ -161,7 +180,12 @@ class OverdueFrames:
                 times_ns=times,
                 emitted_ns=now,
             )
-            self.answer(results, len(sent))
+            answered = {(r.camera_index, r.frame_index) for r in self.answer(results, len(sent))}
+            with self._lock:
+                for row, m in rows:
+                    self._offered.add((batch.batch_index, row))
+                    if (m.camera_index, m.frame_index) not in answered:
+                        self._held.add((batch.batch_index, row))
 
     def wait(self, finished: Callable[[float], bool]) -> None:
         """With frames watched, wait until `finished(timeout_s)` (True once the model is

@@ -219,8 +219,8 @@ class RigTracker:
         if not fresh:
             return []
         out = self(fresh)
-        for r in fresh:
-            self._answered[(r.camera, r.frame_index)] = self._last_t[r.camera]
+        for r in fresh:  # (each is timed: its own time, for when its boxes come)
+            self._answered[(r.camera, r.frame_index)] = r.stamp_ns / 1e9
         while len(self._answered) > MAX_ANSWERED:  # boxes that never came (a failed batch)
             del self._answered[next(iter(self._answered))]
         return out
