@@ -169,7 +169,7 @@ class Pipeline:
             on_end=lambda: emit(None),
             service=self.scheduler.service if self.scheduler is not None else None,
         )
-        if self.scheduler is not None and stage is not None:  # late frames answered in time
+        if self.scheduler is not None and callable(getattr(stage, "overdue", None)):
             names = self.engine.step.class_names
             self.engine.overdue = OverdueFrames(
                 config.deadline_ms, names, emit.overdue, inbox=self._batches

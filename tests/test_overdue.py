@@ -6,8 +6,25 @@ from __future__ import annotations
 import queue
 import time
 
+import numpy as np
+
 from drivepercept.engine.overdue import MIN_GUARD_NS, OverdueFrames
-from drivepercept.types import NO_SLOT, Batch, FrameMeta, FrameResult, Letterbox
+from drivepercept.handoff import Handoff
+from drivepercept.rig import CameraConfig
+from drivepercept.schedule import DeadlineScheduler
+from drivepercept.sinks.fanout import SinkSet
+from drivepercept.telemetry.counters import RunCounters
+from drivepercept.tracking.stage import RigTracker
+from drivepercept.types import (
+    DRIVING_CLASSES,
+    NO_SLOT,
+    Batch,
+    Detections,
+    FrameMeta,
+    FrameResult,
+    FrameTiming,
+    Letterbox,
+)
 
 BUDGET_MS = 100.0
 LB = Letterbox((64, 64), (64, 64), 1.0, 1.0, 0, 0)
@@ -112,5 +129,72 @@ def test_without_a_deadline_nothing_is_watched() -> None:
         asked.append(timeout_s)
         return True
 
-    watch.wait(finished)
+    watch.wait(finished, _batch(0, [_meta(0, 0, 0)]))
     assert asked == []  # the caller's own wait is the only one
+
+
+def test_a_wait_on_the_model_answers_a_batch_that_comes_while_it_waits() -> None:
+    # given a model batch whose frame is answered, and a wait for its outputs during which
+    # another batch reaches the engine, already due (it waited behind the slow one)
+    answers = Answers()
+    watch = OverdueFrames(BUDGET_MS, ("a",), answers)
+    now = time.monotonic_ns()
+    slow = _batch(1, [_meta(0, 1, now - 99_000_000)])
+    watch.launched(slow)
+    calls: list[float] = []
+
+    def finished(timeout_s: float) -> bool:
+        calls.append(timeout_s)
+        if len(calls) == 2:
+            watch.launched(_batch(2, [_meta(1, 2, now - 98_000_000)], predicted=True))
+        return len(calls) >= 4
+
+    watch.wait(finished, slow)
+    # then both were answered before the model was done
+    assert [c[0] for c in answers.calls] == [[(0, 1)], [(1, 2)]]
+    assert all(t <= 0.005 for t in calls)  # it looked again at least every 5 ms
+
+
+def test_a_forced_frame_is_left_to_the_model_even_with_tracks_to_predict_from() -> None:
+    # given two cameras tracked for a while, and a model batch whose second camera's frame
+    # the scheduler forced (its starvation bound): both cameras have fresh tracks
+    names = ["c0", "c1"]
+    stage = RigTracker([CameraConfig(name=n) for n in names])
+    scheduler = DeadlineScheduler(names, budget_ms=BUDGET_MS)
+    sink = _Collect()
+    sinks = SinkSet.of([sink])
+    sinks.start()
+    handoff = Handoff(stage=stage, scheduler=scheduler, sinks=sinks, counters=RunCounters(names))
+
+    def frame(camera: int, k: int, det: Detections) -> FrameResult:
+        meta = FrameMeta(names[camera], camera, k, k / 10, 0, 0, 0, LB)
+        return FrameResult(meta, 7, 2, det, FrameTiming(*range(11)))
+
+    box = np.array([[10.0, 10.0, 30.0, 30.0]], np.float32)
+    seen = Detections(box, np.array([0.9], np.float32), np.array([0]), DRIVING_CLASSES)
+    for k in range(3):
+        stage([frame(0, k, seen), frame(1, k, seen)])
+    scheduler.decided(
+        batch_index=7, detected=[(0, 1), (1, 1)], predicted=[], forced=[1],
+        expected_done_ns=0, now_ns=0,
+    )  # fmt: skip
+    nothing = Detections.empty(DRIVING_CLASSES, predicted=True)
+    # when the model is late with the batch
+    answered = handoff.overdue([frame(0, 3, nothing), frame(1, 3, nothing)], sent=2)
+    sinks.close()
+    # then only the camera that was not forced is answered, and counted as overdue
+    assert [r.camera for r in answered] == ["c0"] == [r.camera for r in sink.results]
+    cameras = scheduler.figures()["cameras"]
+    assert isinstance(cameras, dict)
+    assert (cameras["c0"]["overdue"], cameras["c1"]["overdue"]) == (1, 0)
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.results: list[FrameResult] = []
+
+    def write(self, result: FrameResult) -> None:
+        self.results.append(result)
+
+    def close(self) -> None:
+        pass

@@ -289,6 +289,7 @@ class InferenceEngine:
             self.ready_ns = time.monotonic_ns()
             self.ready.set()
             for batch in take_until_stopped(self.inbox, self.stop):
+                self.overdue.launched(batch)  # out of the inbox: watched from now
                 self.busy.hold(batch.detected)  # taken, not yet computing: it counts
                 if not batch.detected:  # every frame predicted: nothing for the model
                     if pending is not None:  # in order: the batch before it first
@@ -322,7 +323,6 @@ class InferenceEngine:
 
     def _pass(self, batch: Batch) -> None:
         """A batch the model does not see: to the completion thread in its turn, no rows."""
-        self.overdue.launched(batch)  # (its frames wait behind the batches before it)
         now = time.monotonic_ns()
         staged = Staged(batch, 0, self._no_rows, now, copy_done_ns=now)
         self._release(staged)
@@ -338,7 +338,6 @@ class InferenceEngine:
         with self._count_lock:
             self._now_in_flight += 1
             self.in_flight_high_water = max(self.in_flight_high_water, self._now_in_flight)
-        self.overdue.launched(staged.batch)
         started = self.busy.began(staged.size)
         try:
             flight = self._compute(staged)
@@ -380,14 +379,14 @@ class InferenceEngine:
         staged = flight.staged
         n = staged.size
         if flight.launched is not None:  # CPU lanes: their outputs, once all are done
-            self.overdue.wait(flight.launched.finished)
+            self.overdue.wait(flight.launched.finished, staged.batch)
             flight.outputs = flight.launched.wait()
             flight.times_ns["inference_done"] = flight.launched.done_ns
         if self.cuda:
             assert staged.copied is not None and flight.inferred is not None
             staged.copied.synchronize()
             self._release(staged)  # the upload is done: the slot may be refilled
-            self.overdue.wait(flights.reached(flight.inferred))
+            self.overdue.wait(flights.reached(flight.inferred), staged.batch)
             flight.inferred.synchronize()
         with flights.on_stream(self._post_stream), torch.inference_mode():
             if self.cuda:

@@ -4,20 +4,20 @@ With a latency budget the deadline scheduler sends a frame to the model only whe
 batch's answers are expected within the budget, with a margin for what it has seen go wrong.
 The machine can still turn slower within a batch: another process takes a core, the OS runs
 something else. Such a batch's frames would come out late. `OverdueFrames` watches the
-frames of every batch given to the model and not yet finished; when one of them reaches its
-deadline (capture + budget, less `GUARD_SHARE` of it for the answer's own work) and the
-model is not done, the engine's completion thread answers it at once as a predicted frame
-(its camera's tracks moved on to its capture time, as for a frame the scheduler chose not
-to detect). When the model's boxes come, they only move the tracks on: the frame has been
-answered, and is not answered twice. A frame whose camera has nothing to predict from (its
-first frame, a reconnect, tracks older than a second) is never offered: it waits for the
-model, as the scheduler's forced frames do.
+frames the engine has taken (and those waiting in its inbox) until their batch is handed
+on; when one reaches its deadline (capture + budget, less a guard for the answer's own work:
+the longest recent time from a batch's model to its hand-off) and is not answered, the
+engine's completion thread answers it at once as a predicted frame (its camera's tracks
+moved on to its capture time, as for a frame the scheduler chose not to detect). When the
+model's boxes come, they only move the tracks on: the frame is not answered twice. A frame
+whose camera has nothing to predict from (its first frame, a reconnect, tracks older than a
+second) or that the scheduler forced is left to the model, and so are its camera's later
+frames behind it: a camera's answers go out in its frames' order.
 
-The engine calls `launched` and `finished` around each model batch, and waits through
-`wait` (on a batch's outputs: CPU lanes, CUDA events) or `timeout_s` (on its queue of
-finished batches) so that the completion thread, idle while the model runs, wakes for the
-first deadline. Everything here runs on the engine's threads; the lock guards the batches
-the submit thread adds.
+The engine calls `launched` as it takes a batch and `finished` once the batch is handed on
+(or failed), and the completion thread waits through `wait` (on a batch's outputs: CPU
+lanes, CUDA events) or `timeout_s` (on its queue of finished batches), waking at least every
+`RECHECK_S` and for the first deadline. The lock guards what the engine thread adds.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from drivepercept.types import Batch, FrameMeta, FrameResult
 MIN_GUARD_NS = 3_000_000  # a frame is answered at least this long before its deadline
 MAX_GUARD_SHARE = 0.3  # and at most this share of the budget before it
 TAILS_KEPT = 32  # model batches whose work after the model the guard is the longest of
-RECHECK_S = 0.01  # the completion thread looks again at least this often (a batch launched
-# while it waits may fall due before the wait would end)
+RECHECK_S = 0.005  # the completion thread looks again at least this often (a batch that
+# reaches the engine while it waits may be near its due time already)
 MAX_BATCHES = 64  # batches watched at most (a batch never finished is forgotten)
 
 
@@ -75,7 +75,6 @@ class OverdueFrames:
         self._batches: dict[int, Batch] = {}  # batch index -> batch, in launch order
         self._offered: set[tuple[int, int]] = set()  # (batch index, row) already offered
         self._held: set[tuple[int, int]] = set()  # of them, those left to the model
-        self.offered = 0
 
     def launched(self, batch: Batch | None) -> None:
         """A batch went to the model, or past it to the completion thread (a batch of
@@ -110,16 +109,18 @@ class OverdueFrames:
         self._held = {(b, row) for b, row in self._held if b != index}
 
     def _rows(self) -> list[tuple[Batch, int, FrameMeta, bool]]:
-        """Every frame watched: its batch, row, meta, and whether it was offered."""
-        queued: list[Batch] = []
-        if self.inbox is not None and self.answer is not None:
-            with self.inbox.mutex:
-                queued = [b for b in self.inbox.queue if b is not None]
+        """Every frame watched: its batch, row, meta, and whether it was offered. The inbox
+        is read under the lock `launched` takes, so that a batch the engine takes from it
+        meanwhile is not seen twice."""
         with self._lock:
-            batches = [*self._batches.values(), *queued]
+            batches = dict(self._batches)
+            if self.inbox is not None and self.answer is not None:
+                with self.inbox.mutex:
+                    queued = [b for b in self.inbox.queue if b is not None]
+                batches.update((b.batch_index, b) for b in queued if b.batch_index not in batches)
             return [
                 (b, row, m, (b.batch_index, row) in self._offered)
-                for b in batches
+                for b in batches.values()
                 for row, m in enumerate(b.frames)
             ]
 
@@ -127,16 +128,16 @@ class OverdueFrames:
         """The frames not offered yet that may be: none while an earlier frame of its camera
         waits unanswered (a camera's answers go out in its frames' order)."""
         rows = self._rows()
+        earliest: dict[int, int] = {}  # camera -> its earliest frame not answered
         with self._lock:
-            waiting = [
-                (m.camera_index, m.capture_ns)
-                for b, row, m, offered in rows
-                if not offered or (b.batch_index, row) in self._held
-            ]
+            for b, row, m, offered in rows:
+                if not offered or (b.batch_index, row) in self._held:
+                    t = earliest.get(m.camera_index)
+                    earliest[m.camera_index] = m.capture_ns if t is None else min(t, m.capture_ns)
         return [
             (b, row, m)
             for b, row, m, offered in rows
-            if not offered and not any(c == m.camera_index and t < m.capture_ns for c, t in waiting)
+            if not offered and earliest[m.camera_index] >= m.capture_ns
         ]
 
     def next_due_ns(self) -> int | None:
@@ -167,7 +168,6 @@ class OverdueFrames:
                 (sent if row < batch.detected else other).append((row, meta))
         for batch, sent, other in sorted(due.values(), key=lambda d: d[0].batch_index):
             rows = (*sent, *other)
-            self.offered += len(rows)
             part = dataclasses.replace(batch, frames=tuple(m for _, m in rows), predicted=len(rows))
             times = dict.fromkeys(("compute_start", "inference_done", "postprocessed"), now)
             results = batch_results(
@@ -187,11 +187,12 @@ class OverdueFrames:
                     if (m.camera_index, m.frame_index) not in answered:
                         self._held.add((batch.batch_index, row))
 
-    def wait(self, finished: Callable[[float], bool]) -> None:
-        """With frames watched, wait until `finished(timeout_s)` (True once the model is
-        done), answering the frames that fall due meanwhile; the caller then takes the
-        outputs (its own wait returns at once, or is the only one without a deadline)."""
-        while self.next_due_ns() is not None:
-            if finished(self.timeout_s(3600.0)):
-                return
+    def wait(self, finished: Callable[[float], bool], batch: Batch | None) -> None:
+        """Wait until `finished(timeout_s)` says `batch`'s model is done (True), answering
+        the frames that fall due meanwhile; the caller then takes the outputs. Without a
+        deadline (or for the warm-up's batch) it returns at once: the caller's own wait is
+        the only one."""
+        if self.answer is None or batch is None:
+            return
+        while not finished(self.timeout_s(3600.0)):
             self.answer_due()

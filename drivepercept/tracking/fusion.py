@@ -377,7 +377,9 @@ class RigFusion:
         last = obj.fit.last_t
         if last is None or t_s - last > 0.02:  # places at least 20 ms apart
             obj.fit.add(t_s, x, y)
-        obj.xy, obj.t_s, obj.placed = xy, t_s, obj.placed + 1
+        if t_s >= obj.t_s:  # (a frame answered late, `engine.overdue`, does not move it back)
+            obj.xy, obj.t_s = xy, t_s
+        obj.placed += 1
         obj.rough = all(o.truncated for o in group)
         if len(group) > 1:  # the class most of its sightings say
             names = [o.class_name for o in group]
