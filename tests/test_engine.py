@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from fakereaders import FakeReader
+from fakesinks import Collect
 from torchvision.ops import batched_nms
 
 from drivepercept.buffers import StagingRing
@@ -63,17 +64,6 @@ def _mean_detector(size: tuple[int, int] = (64, 64), work: int = 0) -> Detector:
         input=InputSpec(size=size),
         class_names=("bg", "thing"),
     )
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.results: list[FrameResult] = []
-
-    def write(self, result: FrameResult) -> None:
-        self.results.append(result)
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakereaders import FakeReader
+from fakesinks import Collect
 from hostile import jpeg
 
 from drivepercept.config import PipelineConfig, ReconnectPolicy
@@ -155,18 +156,7 @@ class _Encoded(FakeReader):
         return RawFrame(None, got.pts_s, got.arrived_ns, jpeg=data)
 
 
-class _Collect:
-    def __init__(self) -> None:
-        self.results: list[FrameResult] = []
-
-    def write(self, result: FrameResult) -> None:
-        self.results.append(result)
-
-    def close(self) -> None:
-        pass
-
-
-def _live(cameras: list[tuple[str, FakeReader]], sink: _Collect) -> Pipeline:
+def _live(cameras: list[tuple[str, FakeReader]], sink: Collect) -> Pipeline:
     config = PipelineConfig(
         device="cpu", drop_policy="drop_oldest", queue_capacity=1, sample_hz=0.0
     )
@@ -180,7 +170,7 @@ def _live(cameras: list[tuple[str, FakeReader]], sink: _Collect) -> Pipeline:
 
 def test_live_decodes_and_prepares_only_the_frames_it_uses() -> None:
     # given two cameras faster than a slow consumer, their frames handed over encoded
-    class Slow(_Collect):
+    class Slow(Collect):
         def write(self, result: FrameResult) -> None:
             time.sleep(0.01)
             super().write(result)
@@ -202,7 +192,7 @@ def test_live_decodes_and_prepares_only_the_frames_it_uses() -> None:
 
 
 def test_a_corrupt_frame_is_left_out_and_the_camera_goes_on() -> None:
-    sink = _Collect()
+    sink = Collect()
     with _live([("c", _Encoded(corrupt=3, frames=8, pace_s=0.02))], sink) as pipeline:
         stats = pipeline.run()
     assert pipeline.batcher.failed_frames == 1
@@ -233,7 +223,7 @@ def _sleepy_live_run(*, frames: int, in_flight: int) -> list[FrameResult]:
         ring_slots=in_flight + 1,  # live's: the slots in flight, one for the next batch
         sample_hz=0.0,
     )
-    sink = _Collect()
+    sink = Collect()
     with Pipeline(
         cameras=[("c", _Encoded(frames=frames, pace_s=0.01))],
         detector=Detector("sleepy", Sleepy(), InputSpec((64, 64)), ("a",)),

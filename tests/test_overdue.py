@@ -7,6 +7,7 @@ import queue
 import time
 
 import numpy as np
+from fakesinks import Collect
 
 from drivepercept.engine.overdue import MIN_GUARD_NS, OverdueFrames
 from drivepercept.handoff import Handoff
@@ -161,7 +162,7 @@ def test_a_forced_frame_is_left_to_the_model_even_with_tracks_to_predict_from() 
     names = ["c0", "c1"]
     stage = RigTracker([CameraConfig(name=n) for n in names])
     scheduler = DeadlineScheduler(names, budget_ms=BUDGET_MS)
-    sink = _Collect()
+    sink = Collect()
     sinks = SinkSet.of([sink])
     sinks.start()
     handoff = Handoff(stage=stage, scheduler=scheduler, sinks=sinks, counters=RunCounters(names))
@@ -187,14 +188,3 @@ def test_a_forced_frame_is_left_to_the_model_even_with_tracks_to_predict_from() 
     cameras = scheduler.figures()["cameras"]
     assert isinstance(cameras, dict)
     assert (cameras["c0"]["overdue"], cameras["c1"]["overdue"]) == (1, 0)
-
-
-class _Collect:
-    def __init__(self) -> None:
-        self.results: list[FrameResult] = []
-
-    def write(self, result: FrameResult) -> None:
-        self.results.append(result)
-
-    def close(self) -> None:
-        pass

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from fakereaders import FakeReader
+from fakesinks import Collect
 
 from drivepercept.config import PipelineConfig
 from drivepercept.models.base import Detector, InputSpec
@@ -32,18 +33,6 @@ def no_threads_left() -> Iterator[None]:
     assert _stage_threads() == []
     yield
     assert _stage_threads() == []
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.results: list[FrameResult] = []
-        self.closed = False
-
-    def write(self, result: FrameResult) -> None:
-        self.results.append(result)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def _cpu(**kw: object) -> PipelineConfig:

@@ -187,27 +187,29 @@ def test_the_stage_changes_only_the_tracking_fields() -> None:
     assert ids is not None and ids.tolist() == [1]  # the same object, one track
 
 
+_LB = Letterbox((640, 360), (640, 360), 1.0, 1.0, 0, 0)
+_NOTHING = Detections.empty(DRIVING_CLASSES, predicted=True)  # a frame the model did not see
+
+
+def _frame(camera: str, k: int, det: Detections) -> FrameResult:
+    meta = FrameMeta(camera, 0, k, k / 10, 0, 0, 0, _LB)
+    return FrameResult(meta, k, 2, det, FrameTiming(*range(11)))
+
+
+def _seen(k: int) -> Detections:  # a car moving right at 100 px/s
+    xyxy = np.array([[100.0 + 10 * k, 100.0, 160.0 + 10 * k, 150.0]], np.float32)
+    return Detections(xyxy, np.array([0.9], np.float32), np.array([0]), DRIVING_CLASSES)
+
+
 def test_a_frame_that_was_not_detected_gets_its_tracks_moved_on() -> None:
     """A predicted frame (a detection interval) is answered with the camera's tracks at its
     time, ids kept; a camera with no track yet gets an empty predicted frame."""
 
     tracker = RigTracker([CameraConfig(name="front"), CameraConfig(name="back")])
-    lb = Letterbox((640, 360), (640, 360), 1.0, 1.0, 0, 0)
-    timing = FrameTiming(*range(11))
-
-    def frame(camera: str, k: int, det: Detections) -> FrameResult:
-        meta = FrameMeta(camera, 0, k, k / 10, 0, 0, 0, lb)
-        return FrameResult(meta, k, 2, det, timing)
-
-    def seen(k: int) -> Detections:  # a car moving right at 100 px/s
-        xyxy = np.array([[100.0 + 10 * k, 100.0, 160.0 + 10 * k, 150.0]], np.float32)
-        return Detections(xyxy, np.array([0.9], np.float32), np.array([0]), DRIVING_CLASSES)
-
-    nothing = Detections.empty(DRIVING_CLASSES, predicted=True)
     for k in range(5):
-        tracker([frame("front", k, seen(k))])
+        tracker([_frame("front", k, _seen(k))])
     # when front's frame 5 and back's first frame were not detected
-    front, back = tracker([frame("front", 5, nothing), frame("back", 5, nothing)])
+    front, back = tracker([_frame("front", 5, _NOTHING), _frame("back", 5, _NOTHING)])
     # then front has its car 10 px further on, its id and score, flagged as predicted
     det = front.detections
     assert det.predicted and det.track_ids is not None and det.track_ids.tolist() == [1]
@@ -216,7 +218,7 @@ def test_a_frame_that_was_not_detected_gets_its_tracks_moved_on() -> None:
     # and back, never detected, has nothing to show, still flagged
     assert back.detections.predicted and len(back.detections) == 0
     # and the next detected frame continues the track
-    (after,) = tracker([frame("front", 6, seen(6))])
+    (after,) = tracker([_frame("front", 6, _seen(6))])
     ids = after.detections.track_ids
     assert ids is not None and ids.tolist() == [1] and not after.detections.predicted
 
@@ -226,22 +228,10 @@ def test_a_frame_the_model_is_late_with_is_answered_from_tracks_once() -> None:
     camera's tracks; its boxes, when they come, move the tracks on and are not answered
     again. A camera with nothing recent to predict from is left to the model."""
     tracker = RigTracker([CameraConfig(name="front"), CameraConfig(name="back")])
-    lb = Letterbox((640, 360), (640, 360), 1.0, 1.0, 0, 0)
-    timing = FrameTiming(*range(11))
-
-    def frame(camera: str, k: int, det: Detections) -> FrameResult:
-        meta = FrameMeta(camera, 0, k, k / 10, 0, 0, 0, lb)
-        return FrameResult(meta, k, 2, det, timing)
-
-    def seen(k: int) -> Detections:  # a car moving right at 100 px/s
-        xyxy = np.array([[100.0 + 10 * k, 100.0, 160.0 + 10 * k, 150.0]], np.float32)
-        return Detections(xyxy, np.array([0.9], np.float32), np.array([0]), DRIVING_CLASSES)
-
-    nothing = Detections.empty(DRIVING_CLASSES, predicted=True)
     for k in range(5):
-        tracker([frame("front", k, seen(k))])
+        tracker([_frame("front", k, _seen(k))])
     # when front's frame 5 and back's frame 5 (back never detected) are late
-    answered = tracker.overdue([frame("front", 5, nothing), frame("back", 5, nothing)])
+    answered = tracker.overdue([_frame("front", 5, _NOTHING), _frame("back", 5, _NOTHING)])
     # then front's is answered from its track, flagged predicted; back's waits for the model
     assert [(r.camera, r.frame_index) for r in answered] == [("front", 5)]
     det = answered[0].detections
@@ -249,17 +239,17 @@ def test_a_frame_the_model_is_late_with_is_answered_from_tracks_once() -> None:
     assert np.abs(det.xyxy[0] - [150.0, 100.0, 210.0, 150.0]).max() < 3.0
     # and when the batch's boxes come (the car 15 px further than its motion said), front's
     # frame is not handed on again, back's is
-    jumped = seen(5)
+    jumped = _seen(5)
     jumped.xyxy[:, [0, 2]] += 15.0
-    late = tracker([frame("front", 5, jumped), frame("back", 5, seen(5))])
+    late = tracker([_frame("front", 5, jumped), _frame("back", 5, _seen(5))])
     assert [(r.camera, r.frame_index) for r in late] == [("back", 5)]
     # and front's late boxes moved its track on: frame 6, not detected, starts from them
-    (guess,) = tracker([frame("front", 6, nothing)])
+    (guess,) = tracker([_frame("front", 6, _NOTHING)])
     assert guess.detections.track_ids is not None and guess.detections.track_ids.tolist() == [1]
     assert guess.detections.xyxy[0, 0] > 163.0  # from frame 4's box alone: 160
     # and a camera detected over a second before its late frame is left to the model too
-    assert tracker.overdue([frame("front", 20, nothing)]) == []
+    assert tracker.overdue([_frame("front", 20, _NOTHING)]) == []
     # and a replay's stage (rig steps by time) answers nothing early
     held = RigTracker([CameraConfig(name="front")], hold_s=2.0)
-    held([frame("front", 0, seen(0))])
-    assert held.overdue([frame("front", 1, nothing)]) == []
+    held([_frame("front", 0, _seen(0))])
+    assert held.overdue([_frame("front", 1, _NOTHING)]) == []
