@@ -325,3 +325,23 @@ def test_the_elliptic_gate_is_long_along_the_line_of_sight_and_one_rule_for_one_
         places = rng.uniform(-50, 50, size=(20, 2))
         one = [_apart(params, xy, (float(p[0]), float(p[1]))) for p in places]
         assert np.allclose(_apart_many(params, xy, places), one)
+
+
+def test_a_step_older_than_an_objects_last_place_does_not_move_it_back() -> None:
+    # a frame answered late (`engine.overdue`) can make a rig step older than the one before
+    cams = {c.name: c for c in _cams()}
+    fusion = RigFusion(tuple(cams.values()))
+
+    def seen(x: float, track: int = 7) -> list[Observation]:
+        return [Observation("front", track, "car", _box(cams["front"], x, 4.0), (x, 4.0))]
+
+    for k in range(6):
+        _, (before,) = fusion.step(k / 10, seen(12.0 + 0.8 * k))
+    # when a sighting from 0.1 s comes after the step at 0.5 s
+    _, (late,) = fusion.step(0.1, seen(12.8))
+    assert late.id == before.id
+    # then the object is still last placed at 0.5 s: kept for `keep_s` (1.5 s) from then, so
+    # a new track of it 1.45 s later, where its speed took it, joins it (from 0.1 s it would
+    # have been dropped as unseen for 1.85 s)
+    _, objects = fusion.step(1.95, seen(16.0 + 8.0 * 1.45, track=9))
+    assert [o.id for o in objects] == [before.id]

@@ -147,9 +147,9 @@ class OverdueFrames:
 
     def timeout_s(self, longest_s: float) -> float:
         """How long the completion thread may wait before the next frame falls due."""
-        due = self.next_due_ns()
-        if self.answer is None:
+        if self.answer is None:  # (before any scan: a run without a deadline asks every batch)
             return longest_s
+        due = self.next_due_ns()
         if due is None:
             return min(longest_s, RECHECK_S)
         return min(longest_s, RECHECK_S, max(0.0, (due - time.monotonic_ns()) / 1e9))

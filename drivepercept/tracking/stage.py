@@ -229,6 +229,17 @@ class RigTracker:
             del self._answered[next(iter(self._answered))]
         return out
 
+    def _boxes(self, result: FrameResult, t_s: float) -> CameraBoxes:
+        """A frame's boxes as the tracker takes them, at `t_s`."""
+        det = result.detections
+        return CameraBoxes(
+            self._keys.setdefault(result.camera, len(self._keys)),
+            np.asarray(det.xyxy, np.float64),
+            np.asarray(det.scores, np.float64),
+            np.asarray(det.labels),
+            t_s,
+        )
+
     def _late(self, results: list[FrameResult]) -> list[FrameResult]:
         """The frames not answered yet; the tracks take the boxes of those answered
         (`overdue`) that the model saw, at their own times."""
@@ -239,11 +250,9 @@ class RigTracker:
         for r in answered:
             t_s = self._answered.pop((r.camera, r.frame_index))
             if not r.detections.predicted:
-                det, key = r.detections, self._keys.setdefault(r.camera, len(self._keys))
-                last = self._tracker.last_update_s(key)  # (a repeated stamp: a tiny step on)
-                t_s = t_s if last is None or t_s > last else last + 1e-6
-                xyxy, scores = np.asarray(det.xyxy, np.float64), np.asarray(det.scores, np.float64)
-                late.append(CameraBoxes(key, xyxy, scores, np.asarray(det.labels), t_s))
+                boxes = self._boxes(r, t_s)
+                last = self._tracker.last_update_s(boxes.camera)  # (a repeated stamp: on)
+                late.append(boxes if last is None or t_s > last else self._boxes(r, last + 1e-6))
         if late:
             self._track(late)
         return [r for r in results if not any(r is x for x in answered)]
@@ -253,16 +262,7 @@ class RigTracker:
             results = self._late(results)
             if not results:
                 return []
-        frames = [
-            CameraBoxes(
-                self._keys.setdefault(r.camera, len(self._keys)),
-                np.asarray(r.detections.xyxy, np.float64),
-                np.asarray(r.detections.scores, np.float64),
-                np.asarray(r.detections.labels),
-                self._time(r),
-            )
-            for r in results
-        ]
+        frames = [self._boxes(r, self._time(r)) for r in results]
         if any(r.detections.predicted for r in results):
             results, frames, updates = self._predicted(results, frames)
         else:
