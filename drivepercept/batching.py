@@ -49,24 +49,19 @@ engine is.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
 
 from drivepercept.alignment import Spreads, TimeAligner, after_gap
 from drivepercept.buffers import StagingRing
 from drivepercept.config import detect_due
-from drivepercept.errors import RepeatedWarning, one_line
+from drivepercept.preparing import FramePreparer
 from drivepercept.queues import CameraQueues, put_until_stopped
 from drivepercept.schedule import Candidate, DeadlineScheduler
-from drivepercept.types import NO_SLOT, Batch, FrameMeta, ImageU8, QueuedFrame
+from drivepercept.types import NO_SLOT, Batch, QueuedFrame
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +108,14 @@ class Batcher:
         self.on_error = on_error
         self.batches = 0
         self.partial_batches = 0
-        self.failed_frames = 0  # deferred frames that could not be prepared (corrupt)
-        self.failed_by_camera: dict[int, int] = {}  # the same, per camera index
-        self._failed_warning: dict[int, RepeatedWarning] = {}  # per camera index
-        self._pool: ThreadPoolExecutor | None = None
-        self._prepare_ema_ns = 0.0  # how long preparing a batch of deferred frames takes
+        self.prep = FramePreparer(queues.cameras)  # each frame into its row, or its meta
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="batcher", daemon=True)
+
+    @property
+    def failed_by_camera(self) -> dict[int, int]:
+        """Deferred frames that could not be prepared (corrupt), per camera index."""
+        return self.prep.failed_by_camera
 
     def start(self) -> None:
         self.thread.start()
@@ -192,7 +188,7 @@ class Batcher:
                         waiting = self.aligner.choose(heads)
                     taken = [qs.take(c) for c in waiting]
                 detect, predict = self._schedule(taken)
-                metas = self._fill(self.ring.arrays[slot], detect + predict)  # one round
+                metas = self.prep.fill(self.ring.arrays[slot], detect + predict)  # one round
                 skipped = {frame.camera_index for frame, _ in predict}  # one frame a camera
                 predicted = [m for m in metas if m.camera_index in skipped] if predict else []
                 if not metas:  # every frame of it failed to prepare
@@ -217,10 +213,7 @@ class Batcher:
             if self.on_error is not None:
                 self.on_error(exc)
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-            for warning in self._failed_warning.values():
-                warning.close()
+            self.prep.close()
             put_until_stopped(self.out, None, self.stop)
 
     def _scheduled_round(self, slot: int, scheduler: DeadlineScheduler) -> bool:
@@ -255,7 +248,7 @@ class Batcher:
             if cam in forced or since >= self.detect_every[cam]:
                 candidates.append(Candidate(cam, newest.capture_ns, forced=cam in forced))
         start = self.free_at() if self.free_at is not None else now
-        prep = self._prepare_ema_ns
+        prep = self.prep.ema_ns
         chosen = set(scheduler.choose(candidates, now_ns=now, start_ns=start, prepare_ns=prep))
         detect = [rounds[c][-1] for c in sorted(chosen)]
         done = max(now, start) + prep + scheduler.service.estimate_ns(len(detect))
@@ -274,7 +267,7 @@ class Batcher:
                     self._last_source_ns[cam] = frame.source_ns
         predicted: list[int] = []
         for layer in layers:
-            metas = self._metas_only(layer)
+            metas = self.prep.metas_only(layer)
             if not metas:
                 continue
             batch = Batch(
@@ -290,7 +283,7 @@ class Batcher:
             if not put_until_stopped(self.out, batch, self.stop):
                 self.ring.release(slot)
                 return False
-        metas = self._fill(self.ring.arrays[slot], detect) if detect else []
+        metas = self.prep.fill(self.ring.arrays[slot], detect) if detect else []
         for cam in chosen - {m.camera_index for m in metas}:  # its frame failed to prepare
             self._since_detected[cam] = unseen[cam]
         index = self.batches if metas else None
@@ -336,20 +329,6 @@ class Batcher:
             last = t if t is not None else last
         return None
 
-    def _metas_only(self, taken: list[tuple[QueuedFrame, int]]) -> list[FrameMeta]:
-        """The metas of frames the model will not see (no row, no preparation; frames kept
-        for an annotated video are decoded, in parallel as in `_fill`); a frame that cannot
-        even say its size is left out, as in `_fill`."""
-        frames, metas = [f for f, _ in taken], []
-        decode = len(frames) > 1 and any(f.keep_original for f in frames)
-        found = self._prepare_pool().map(_meta_only, frames) if decode else map(_meta_only, frames)
-        for meta, (frame, queued_ns) in zip(found, taken, strict=True):
-            if isinstance(meta, str):
-                self._failed(frame.camera_index, meta)
-                continue
-            metas.append(dataclasses.replace(meta, queued_ns=queued_ns))
-        return metas
-
     def _schedule(
         self, taken: list[tuple[QueuedFrame, int]]
     ) -> tuple[list[tuple[QueuedFrame, int]], list[tuple[QueuedFrame, int]]]:
@@ -380,70 +359,13 @@ class Batcher:
     def _just_in_time(self) -> bool:
         """With deferred frames, wait until the engine is about to be free less the time a
         preparation takes (see the module docstring); False if stopped meanwhile."""
-        if self.free_at is None or self._prepare_ema_ns == 0:
+        if self.free_at is None or self.prep.ema_ns == 0:
             return not self.stop.is_set()  # eager frames, or no preparation timed yet
-        while (wait_ns := self.free_at() - int(self._prepare_ema_ns) - time.monotonic_ns()) > 0:
+        while (wait_ns := self.free_at() - int(self.prep.ema_ns) - time.monotonic_ns()) > 0:
             if self.stop.wait(min(wait_ns / 1e9, _POLL_S)):
                 return False
         return not self.stop.is_set()
 
-    def _prepare_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            workers = min(len(self.queues.cameras), os.cpu_count() or 1)
-            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="prepare")
-        return self._pool
-
-    def _fill(self, rows: np.ndarray, taken: list[tuple[QueuedFrame, int]]) -> list[FrameMeta]:
-        """Write the taken frames into consecutive rows of a slot; their metas, stamped with
-        when each was queued. Deferred frames are prepared in parallel."""
-        if not any(frame.deferred for frame, _ in taken):
-            return [
-                dataclasses.replace(frame.into(rows[k]), queued_ns=queued_ns)
-                for k, (frame, queued_ns) in enumerate(taken)
-            ]
-        started = time.monotonic_ns()
-        done = list(
-            self._prepare_pool().map(_prepare, [f for f, _ in taken], list(rows[: len(taken)]))
-        )
-        took, ema = time.monotonic_ns() - started, self._prepare_ema_ns
-        self._prepare_ema_ns = took if ema == 0 else 0.5 * (ema + took)
-        metas: list[FrameMeta] = []
-        for k, (meta, (frame, queued_ns)) in enumerate(zip(done, taken, strict=True)):
-            if isinstance(meta, str):
-                self._failed(frame.camera_index, meta)
-                continue
-            if len(metas) != k:  # a frame before this one failed: close the gap
-                np.copyto(rows[len(metas)], rows[k])
-            metas.append(dataclasses.replace(meta, queued_ns=queued_ns))
-        return metas
-
-    def _failed(self, index: int, why: str) -> None:
-        """A deferred frame of camera `index` that could not be prepared: counted, and said
-        (the first few, then once in a while with the count)."""
-        self.failed_frames += 1
-        self.failed_by_camera[index] = self.failed_by_camera.get(index, 0) + 1
-        if index not in self._failed_warning:
-            self._failed_warning[index] = RepeatedWarning(log)
-        name = self.queues.cameras[index] if index < len(self.queues.cameras) else index
-        self._failed_warning[index].warn("camera %s: a frame was left out: %s", name, why)
-
 
 def _head_ns(frame: QueuedFrame | None) -> int | None:
     return None if frame is None else frame.source_ns
-
-
-def _meta_only(frame: QueuedFrame) -> FrameMeta | str:
-    """`frame.meta_only()`, or why it could not say its size (as `_prepare`)."""
-    try:
-        return frame.meta_only()
-    except Exception as exc:
-        return one_line(str(exc)) or type(exc).__name__
-
-
-def _prepare(frame: QueuedFrame, row: ImageU8) -> FrameMeta | str:
-    """The frame prepared into `row`: its meta, or why it could not be (one corrupt frame,
-    or one that OpenCV raises on, is not its camera's end)."""
-    try:
-        return frame.into(row)
-    except Exception as exc:
-        return one_line(str(exc)) or type(exc).__name__

@@ -28,7 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": {"types"},
     "sources": {"types", "config", "rig", "geometry", "recording"},
     "queues": {"types", "config"},
-    "batching": {"types", "config", "buffers", "queues", "alignment", "schedule"},
+    "batching": {"types", "config", "buffers", "queues", "alignment", "schedule", "preparing"},
+    "preparing": {"types"},  # the batcher's frame preparation (rows and metas)
     "alignment": {"types"},  # a replay's batches in time order (the batcher's)
     "schedule": {"config"},  # the deadline scheduler beside the batcher
     "buffers": {"types", "config"},
@@ -47,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 STAGES = {"types", "geometry", "rig", "config", "rundir", "sources", "queues", "batching"}
 STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads", "recording"}
-STAGES |= {"tracking", "alignment", "schedule", "handoff", "heap"}
+STAGES |= {"tracking", "alignment", "schedule", "handoff", "heap", "preparing"}
 ABOVE = {
     "pipeline": STAGES,
     "run": STAGES | {"pipeline", "report", "eval"},

@@ -625,7 +625,7 @@ def test_a_chosen_frame_that_fails_to_prepare_does_not_count_as_detected() -> No
     detected = [m.frame_index for b in batches for m in b.frames[: b.detected]]
     assert detected == [0, 5]
     assert batcher.failed_by_camera == {0: 1}
-    assert batcher._prepare_ema_ns > 0  # frame 4 failed as a detected one would, in `_fill`
+    assert batcher.prep.ema_ns > 0  # frame 4 failed as a detected one would, in `fill`
 
 
 def test_a_budget_run_that_dropped_frames_says_so(caplog: pytest.LogCaptureFixture) -> None:
