@@ -64,8 +64,10 @@ from drivepercept.schedule import Candidate, DeadlineScheduler
 from drivepercept.types import NO_SLOT, Batch, QueuedFrame
 
 log = logging.getLogger(__name__)
+Rounds = dict[int, list[tuple[QueuedFrame, int]]]  # camera index -> frames taken, oldest first
 
 _POLL_S = 0.1
+PREDICTED_AHEAD = 16  # batches without rows the engine's inbox holds beyond the model's
 ALIGN_WAIT_S = 1.0  # how long a replay batch waits for a camera that has no frame queued
 
 
@@ -171,7 +173,9 @@ class Batcher:
                 while slot is None:
                     if self.stop.is_set():
                         return
-                    slot = self.ring.acquire(timeout=_POLL_S)
+                    slot = self.ring.acquire(timeout=self._wait_s())
+                    if slot is None and not self._aging_round():
+                        return
                 if not self._just_in_time():
                     self.ring.release(slot)
                     return
@@ -228,7 +232,7 @@ class Batcher:
         with qs.cond:
             n = len(qs.cameras)
             live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
-            rounds: dict[int, list[tuple[QueuedFrame, int]]] = {}
+            rounds: Rounds = {}
             forced: list[int] = []
             waiting = {c: f for c in range(n) if (f := qs.waiting_frames(c))}
             musts = {c: self._must_detect(c, f, scheduler) for c, f in waiting.items()}
@@ -252,37 +256,11 @@ class Batcher:
         chosen = set(scheduler.choose(candidates, now_ns=now, start_ns=start, prepare_ns=prep))
         detect = [rounds[c][-1] for c in sorted(chosen)]
         done = max(now, start) + prep + scheduler.service.estimate_ns(len(detect))
-        layers: list[list[tuple[QueuedFrame, int]]] = []
-        unseen: dict[int, int] = {}  # camera -> frames since its last detected one
-        for cam, taken in rounds.items():
-            before = taken[:-1] if cam in chosen else taken
-            for k, item in enumerate(before):
-                if k == len(layers):
-                    layers.append([])
-                layers[k].append(item)
-            unseen[cam] = self._since_detected.get(cam, 0) + len(taken)
-            self._since_detected[cam] = 0 if cam in chosen else unseen[cam]
-            for frame, _ in taken:
-                if frame.source_ns is not None:
-                    self._last_source_ns[cam] = frame.source_ns
-        predicted: list[int] = []
-        for layer in layers:
-            metas = self.prep.metas_only(layer)
-            if not metas:
-                continue
-            batch = Batch(
-                self.batches,
-                NO_SLOT,
-                tuple(metas),
-                time.monotonic_ns(),
-                complete=len(metas) == live,
-                predicted=len(metas),
-            )
-            predicted += [m.camera_index for m in metas]
-            self.batches += 1
-            if not put_until_stopped(self.out, batch, self.stop):
-                self.ring.release(slot)
-                return False
+        unseen = self._taken_by(rounds, chosen)  # camera -> frames since its last detected
+        predicted = self._put_predicted(rounds, chosen, live)
+        if predicted is None:
+            self.ring.release(slot)
+            return False
         metas = self.prep.fill(self.ring.arrays[slot], detect) if detect else []
         for cam in chosen - {m.camera_index for m in metas}:  # its frame failed to prepare
             self._since_detected[cam] = unseen[cam]
@@ -311,6 +289,96 @@ class Batcher:
             self.ring.release(slot)
             return False
         return True
+
+    def _taken_by(self, rounds: Rounds, chosen: set[int]) -> dict[int, int]:
+        """Note each camera's taken frames (its latest own time; frames since its last
+        detected one, none if `chosen`); returns the frames since, as if not chosen."""
+        unseen: dict[int, int] = {}
+        for cam, taken in rounds.items():
+            unseen[cam] = self._since_detected.get(cam, 0) + len(taken)
+            self._since_detected[cam] = 0 if cam in chosen else unseen[cam]
+            for frame, _ in taken:
+                if frame.source_ns is not None:
+                    self._last_source_ns[cam] = frame.source_ns
+        return unseen
+
+    def _put_predicted(self, rounds: Rounds, chosen: set[int], live: int) -> list[int] | None:
+        """Each camera's taken frames but a `chosen` camera's last (the model's), sent as
+        batches without rows, one frame a camera each, oldest first; the cameras of the
+        frames sent (None: stopped)."""
+        layers: list[list[tuple[QueuedFrame, int]]] = []
+        for cam, taken in rounds.items():
+            for k, item in enumerate(taken[:-1] if cam in chosen else taken):
+                if k == len(layers):
+                    layers.append([])
+                layers[k].append(item)
+        predicted: list[int] = []
+        for layer in layers:
+            metas = self.prep.metas_only(layer)
+            if not metas:
+                continue
+            now = time.monotonic_ns()
+            complete = len(metas) == live
+            batch = Batch(self.batches, NO_SLOT, tuple(metas), now, complete, len(metas))
+            predicted += [m.camera_index for m in metas]
+            self.batches += 1
+            if not put_until_stopped(self.out, batch, self.stop):
+                return None
+        return predicted
+
+    def _aging_round(self) -> bool:
+        """While the batcher waits for the engine (a free slot, or its time to prepare) in a
+        live run with a deadline: the waiting frames the model could no longer answer in
+        time (alone in a batch started when the engine is free) or that have waited half the
+        budget go to the engine's inbox at once, as frames without rows, as the next round
+        would send them. There the engine's watch (`engine.overdue`) answers each at its
+        deadline if the engine is still busy then (a model batch that stalls). A frame that
+        must be detected waits, and so do its camera's later ones. False when stopped."""
+        scheduler = self.scheduler
+        if scheduler is None or self.aligner is not None:
+            return not self.stop.is_set()
+        now = time.monotonic_ns()
+        start = max(now, self.free_at()) if self.free_at is not None else now
+        done = start + self.prep.ema_ns + scheduler.service.estimate_ns(1)
+        cutoff = max(
+            done - scheduler.budget_ns + scheduler.margin_ns(1), now - scheduler.budget_ns / 2
+        )
+        room = (self.out.maxsize or 1 << 20) - self.out.qsize()  # (only this thread puts)
+        qs, rounds = self.queues, {}
+        with qs.cond:
+            n = len(qs.cameras)
+            live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
+            for cam in range(n):
+                frames = qs.waiting_frames(cam)
+                must = self._must_detect(cam, frames, scheduler) if frames else None
+                usable = frames if must is None else frames[: must[0]]
+                count = next(
+                    (k for k, f in enumerate(usable) if f.capture_ns > cutoff), len(usable)
+                )
+                if min(count, room) > 0:
+                    rounds[cam] = qs.take_oldest(cam, min(count, room))
+        if not rounds:
+            return not self.stop.is_set()
+        self._taken_by(rounds, set())
+        predicted = self._put_predicted(rounds, set(), live)
+        if predicted is None:
+            return False
+        scheduler.decided(
+            batch_index=None,
+            detected=[],
+            predicted=predicted,
+            forced=[],
+            expected_done_ns=now,
+            now_ns=now,
+        )
+        return True
+
+    def _wait_s(self) -> float:
+        """How long the batcher waits for the engine before it looks again: in a live run
+        with a deadline, an eighth of the budget at most (`_aging_round`)."""
+        if self.scheduler is None or self.aligner is not None:
+            return _POLL_S
+        return min(_POLL_S, self.scheduler.budget_ns / 8e9)
 
     def _must_detect(
         self, cam: int, frames: list[QueuedFrame], scheduler: DeadlineScheduler
@@ -362,7 +430,7 @@ class Batcher:
         if self.free_at is None or self.prep.ema_ns == 0:
             return not self.stop.is_set()  # eager frames, or no preparation timed yet
         while (wait_ns := self.free_at() - int(self.prep.ema_ns) - time.monotonic_ns()) > 0:
-            if self.stop.wait(min(wait_ns / 1e9, _POLL_S)):
+            if self.stop.wait(min(wait_ns / 1e9, self._wait_s())) or not self._aging_round():
                 return False
         return not self.stop.is_set()
 

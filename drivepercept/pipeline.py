@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import cv2
 
-from drivepercept.batching import Batcher
+from drivepercept.batching import PREDICTED_AHEAD, Batcher
 from drivepercept.buffers import StagingRing
 from drivepercept.config import PipelineConfig
 from drivepercept.engine.device import on_device, resolve_device
@@ -143,7 +143,9 @@ class Pipeline:
         emit = Handoff(
             stage=stage, scheduler=self.scheduler, sinks=self.sinks, counters=self.counters
         )
-        self._batches: queue.Queue[Batch | None] = queue.Queue(maxsize=config.ring_slots)
+        # (with a deadline, batches of frames without rows beyond those of the model's)
+        ahead = PREDICTED_AHEAD if self.scheduler is not None else 0
+        self._batches: queue.Queue[Batch | None] = queue.Queue(config.ring_slots + ahead)
         self.batcher = Batcher(
             queues=self.queues,
             ring=self.ring,

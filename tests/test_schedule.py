@@ -388,6 +388,50 @@ def test_a_round_answers_every_waiting_frame_predicted_ones_first_without_rows()
     assert all(v == sorted(v) for v in by_camera.values())
 
 
+def test_frames_waiting_for_a_busy_engine_go_on_as_predicted_once_half_the_budget_old() -> None:
+    # given a live run, budget 100 ms, cameras 0 and 1 detected a moment ago and camera 2
+    # never, and an engine that holds the only staging slot (a model batch that stalls)
+    cameras = 3
+    stop = threading.Event()
+    qs = CameraQueues([f"c{i}" for i in range(cameras)], capacity=8, policy=DropPolicy.DROP_OLDEST)
+    ring = StagingRing(slots=1, max_batch=cameras, height=8, width=8, pin_memory=False)
+    held = ring.acquire(timeout=1)
+    out: queue.Queue[Batch | None] = queue.Queue(maxsize=8)
+    scheduler = _fed(_scheduler(cameras), ms_per_row=10.0)
+    now = time.monotonic_ns()
+    scheduler.decided(
+        batch_index=0, detected=[(0, now - 90 * MS), (1, now - 90 * MS)], predicted=[],
+        forced=[], expected_done_ns=now, now_ns=now,
+    )  # fmt: skip
+    batcher = Batcher(
+        queues=qs, ring=ring, out=out, timeout_ms=5, stop=stop, scheduler=scheduler,
+        free_at=time.monotonic_ns,  # (the engine's clock does not know it stalls)
+    )  # fmt: skip
+    # and frames waiting: camera 0's 60 and 10 ms old, camera 1's 70, camera 2's first 80
+    captured = {(0, 0): now - 60 * MS, (0, 1): now - 10 * MS, (1, 0): now - 70 * MS}
+    captured[(2, 0)] = now - 80 * MS
+    for (cam, k), t in captured.items():
+        qs.put(cam, _frame(cam, k, t), stop=stop)
+    batcher.start()
+    sent: dict[tuple[int, int], int] = {}  # (camera, frame) -> when its batch was made
+    try:
+        while (0, 1) not in sent:
+            batch = out.get(timeout=5)
+            assert batch is not None and batch.slot == NO_SLOT and batch.predicted == batch.size
+            sent |= {(m.camera_index, m.frame_index): batch.batched_ns for m in batch.frames}
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        batcher.thread.join(timeout=2)
+    # then the frames of the cameras with tracks went on, without a slot, each once it had
+    # waited half the budget (the young one only then), counted as predicted
+    assert sorted(sent) == [(0, 0), (0, 1), (1, 0)]
+    assert all(t - captured[key] >= 50 * MS for key, t in sent.items()), sent
+    assert scheduler.figures()["cameras"]["c0"]["predicted"] == 2  # type: ignore[index]
+    # and camera 2's first frame, which must be detected, still waits for the model
+    assert qs.waiting(2) and ring.in_use() == 1 and held == 0
+
+
 def test_at_a_run_s_start_the_first_frames_go_in_two_batches_by_priority() -> None:
     """Six first frames at once under load took 140-150 ms: all six late, and each camera's
     next frame behind them. When they do not fit the budget together, the lower half by

@@ -37,7 +37,7 @@ MAX_HELD_FRAMES = 64  # at most this many tracked frames wait for their rig step
 _DEFAULT_PERIOD_S = 0.1  # a rig step's width before any camera's frame interval is known
 _MIN_PERIOD_S = 1e-3  # intervals shorter than this (a repeated stamp) say nothing of the rate
 STALE_S = 1.0  # tracks older than this (no detected frame since) predict nothing (`overdue`)
-MAX_ANSWERED = 256  # frames answered early whose boxes are still to come, at most
+MAX_ANSWERED = 1024  # frames answered early whose boxes are still to come, at most
 
 
 def _with_ids(
