@@ -37,7 +37,10 @@ over a second after the camera's previous frame (a reconnect, a stall: stale tra
 With a deadline (`config.deadline_ms`) no frame is dropped for a newer one: each round takes
 every waiting frame, the scheduler beside it (`schedule.DeadlineScheduler`) picks the cameras
 whose newest frame the model sees, and the rest go first as batches without rows, which the
-tracking stage answers as soon as the batch ahead of them is out (`_scheduled_round`).
+tracking stage answers as soon as the batch ahead of them is out (`_scheduled_round`). While
+the batcher waits for the engine (live), a frame the model could no longer answer in time,
+or that has waited half the budget, goes on the same way at once (`_aging_round`): in the
+inbox the engine's watch answers it at its deadline if the model stalls.
 
 Just in time: with deferred frames and a second staging slot, the batcher does not take the
 next batch the moment a slot is free (its frames would then age for a whole inference in
@@ -334,9 +337,12 @@ class Batcher:
         would send them. There the engine's watch (`engine.overdue`) answers each at its
         deadline if the engine is still busy then (a model batch that stalls). A frame that
         must be detected waits, and so do its camera's later ones. False when stopped."""
-        scheduler = self.scheduler
+        scheduler, qs = self.scheduler, self.queues
         if scheduler is None or self.aligner is not None:
             return not self.stop.is_set()
+        with qs.cond:
+            if not any(qs.waiting(c) for c in range(len(qs.cameras))):
+                return not self.stop.is_set()
         now = time.monotonic_ns()
         start = max(now, self.free_at()) if self.free_at is not None else now
         done = start + self.prep.ema_ns + scheduler.service.estimate_ns(1)
@@ -344,7 +350,7 @@ class Batcher:
             done - scheduler.budget_ns + scheduler.margin_ns(1), now - scheduler.budget_ns / 2
         )
         room = (self.out.maxsize or 1 << 20) - self.out.qsize()  # (only this thread puts)
-        qs, rounds = self.queues, {}
+        rounds: Rounds = {}
         with qs.cond:
             n = len(qs.cameras)
             live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
