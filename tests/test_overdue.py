@@ -3,6 +3,7 @@ from tracks, and when (issue 45: every frame answered within the budget)."""
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 
@@ -188,3 +189,46 @@ def test_a_forced_frame_is_left_to_the_model_even_with_tracks_to_predict_from() 
     cameras = scheduler.figures()["cameras"]
     assert isinstance(cameras, dict)
     assert (cameras["c0"]["overdue"], cameras["c1"]["overdue"]) == (1, 0)
+
+
+def test_a_failed_batch_s_frames_answered_at_their_deadline_are_not_counted_failed() -> None:
+    from drivepercept.engine.failures import BatchFailures
+
+    # given a model batch of three frames: two due, of which the answer leaves one to the
+    # model (no tracks), and one not due yet
+    answers = Answers(refuse={(1, 4)})
+    watch = OverdueFrames(BUDGET_MS, ("a",), answers)
+    now = time.monotonic_ns()
+    metas = [_meta(0, 4, now - 99_000_000), _meta(1, 4, now - 99_000_000), _meta(2, 4, now)]
+    watch.launched(_batch(5, metas))
+    watch.answer_due()
+    # when the model then fails on it, only the answered frame has a result
+    answered = watch.finished(_batch(5, metas))
+    assert answered == 1
+    failures = BatchFailures()
+    failures.failed(_batch(5, metas), RuntimeError("out of memory"), answered=answered)
+    assert (failures.batches, failures.frames) == (1, 2)
+    # and a batch handed on without any answered early says none
+    watch.launched(_batch(6, [_meta(0, 5, now)]))
+    assert watch.finished(_batch(6, [_meta(0, 5, now)])) == 0
+
+
+def test_an_answer_handed_on_after_its_due_time_widens_the_guard() -> None:
+    # given an answer that gets out 8 ms after the frame's due time (a thread that woke
+    # late on a busy machine, a slow sink)
+    late_ns = 8_000_000
+
+    def answer(results: list[FrameResult], sent: int) -> list[FrameResult]:
+        replace = dataclasses.replace
+        return [
+            replace(r, timing=replace(r.timing, emitted_ns=r.timing.emitted_ns + late_ns))
+            for r in results
+        ]
+
+    watch = OverdueFrames(BUDGET_MS, ("a",), answer)
+    before = watch.after_ns
+    now = time.monotonic_ns()
+    watch.launched(_batch(1, [_meta(0, 1, now - 99_000_000)]))
+    watch.answer_due()
+    # then the next frames fall due at least that much earlier, within the guard's bound
+    assert before - late_ns >= watch.after_ns >= 0.7 * BUDGET_MS * 1e6

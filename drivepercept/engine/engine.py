@@ -210,8 +210,7 @@ class InferenceEngine:
             with contextlib.suppress(RuntimeError):  # a broken context raises here too
                 staged.copied.synchronize()  # the slot is free once its upload is done
         self._release(staged)
-        self.overdue.finished(batch)
-        self.failures.failed(batch, exc)
+        self.failures.failed(batch, exc, answered=self.overdue.finished(batch))
 
     def _landed(self) -> None:
         """A launched batch is over (done or failed): the next may be launched."""

@@ -36,8 +36,9 @@ class BatchFailures:
         self._in_a_row = 0
         self._lock = threading.Lock()
 
-    def failed(self, batch: Batch, exc: Exception) -> None:
-        """Count a batch that raised `exc` and log it once.
+    def failed(self, batch: Batch, exc: Exception, *, answered: int = 0) -> None:
+        """Count a batch that raised `exc` and log it once; `answered` of its frames were
+        answered at their deadline before it failed (`overdue`): they have results.
 
         Raises:
             StageError: the max_in_a_row-th failed batch in a row (the cause attached).
@@ -45,14 +46,15 @@ class BatchFailures:
         why = one_line(f"{type(exc).__name__}: {exc}")
         with self._lock:
             self.batches += 1
-            self.frames += batch.size
+            self.frames += batch.size - answered
             self.last = why
             self._in_a_row += 1
             in_a_row = self._in_a_row
         log.error(
-            "batch %d (%d frames) failed, its frames have no results: %s",
+            "batch %d (%d frames) failed, %d of its frames have no results: %s",
             batch.batch_index,
             batch.size,
+            batch.size - answered,
             why,
         )
         if in_a_row >= self.max_in_a_row:

@@ -6,7 +6,9 @@ The machine can still turn slower within a batch: another process takes a core, 
 something else. Such a batch's frames would come out late. `OverdueFrames` watches the
 frames the engine has taken (and those waiting in its inbox) until their batch is handed
 on; when one reaches its deadline (capture + budget, less a guard for the answer's own work:
-the longest recent time from a batch's model to its hand-off) and is not answered, the
+the longest recent time from a batch's model to its hand-off, or from a frame's due time to
+its answer here, which grows when the thread wakes late on a busy machine) and is not
+answered, the
 engine's completion thread answers it at once as a predicted frame (its camera's tracks
 moved on to its capture time, as for a frame the scheduler chose not to detect). When the
 model's boxes come, they only move the tracks on: the frame is not answered twice. A frame
@@ -68,6 +70,9 @@ class OverdueFrames:
         # the time a batch's frames take from the model's end to their hand-off (NMS, the
         # tracking stage): a frame still with the model this close to its deadline is late
         self._tails: collections.deque[int] = collections.deque(maxlen=TAILS_KEPT)
+        # how long after its due time each of the latest frames answered here was handed on
+        # (the thread's wake-up on a busy machine, the answer's own work), plus MIN_GUARD_NS
+        self._overshoots: collections.deque[int] = collections.deque(maxlen=TAILS_KEPT)
         self.class_names = class_names
         self.answer = answer
         self.inbox = inbox
@@ -86,20 +91,27 @@ class OverdueFrames:
             while len(self._batches) > MAX_BATCHES:
                 self._forget(next(iter(self._batches)))
 
-    def finished(self, batch: Batch | None, model_done_ns: int | None = None) -> None:
+    def finished(self, batch: Batch | None, model_done_ns: int | None = None) -> int:
         """A batch has been handed on (or failed): its frames are no longer watched.
-        `model_done_ns`: when its model was done (the work after it is measured)."""
-        if batch is not None:
-            with self._lock:
-                if model_done_ns is not None and batch.batch_index in self._batches:
-                    self._tails.append(time.monotonic_ns() - model_done_ns)
-                self._forget(batch.batch_index)
+        `model_done_ns`: when its model was done (the work after it is measured). Returns
+        how many of its frames were answered at their deadline (a failed batch's have their
+        answers)."""
+        if batch is None:
+            return 0
+        index = batch.batch_index
+        with self._lock:
+            if model_done_ns is not None and index in self._batches:
+                self._tails.append(time.monotonic_ns() - model_done_ns)
+            answered = sum(1 for key in self._offered - self._held if key[0] == index)
+            self._forget(index)
+        return answered
 
     @property
     def after_ns(self) -> int:
         """How long after its capture a frame falls due: the budget less the guard (the
-        longest recent work after the model, at least `MIN_GUARD_NS`)."""
-        tail = max(self._tails, default=0)
+        longest recent work after the model, or lateness of an answer here past its due
+        time plus `MIN_GUARD_NS`; at least `MIN_GUARD_NS`)."""
+        tail = max(max(self._tails, default=0), max(self._overshoots, default=0))
         guard = min(max(MIN_GUARD_NS, tail), int(MAX_GUARD_SHARE * self.budget_ns))
         return self.budget_ns - guard
 
@@ -159,11 +171,11 @@ class OverdueFrames:
         those the answer leaves out wait for the model."""
         if self.answer is None:
             return
-        now = time.monotonic_ns()
+        now, after = time.monotonic_ns(), self.after_ns
         due: dict[int, tuple[Batch, list[tuple[int, FrameMeta]], list[tuple[int, FrameMeta]]]]
         due = {}
         for batch, row, meta in self._open():
-            if meta.capture_ns + self.after_ns <= now:
+            if meta.capture_ns + after <= now:
                 sent, other = due.setdefault(batch.batch_index, (batch, [], []))[1:]
                 (sent if row < batch.detected else other).append((row, meta))
         for batch, sent, other in sorted(due.values(), key=lambda d: d[0].batch_index):
@@ -180,7 +192,11 @@ class OverdueFrames:
                 times_ns=times,
                 emitted_ns=now,
             )
-            answered = {(r.camera_index, r.frame_index) for r in self.answer(results, len(sent))}
+            out = self.answer(results, len(sent))
+            answered = {(r.camera_index, r.frame_index) for r in out}
+            for r in out:  # how late after its due time: the guard grows by it
+                late = r.timing.emitted_ns - r.timing.capture_ns - after
+                self._overshoots.append(max(0, late) + MIN_GUARD_NS)
             with self._lock:
                 for row, m in rows:
                     self._offered.add((batch.batch_index, row))
