@@ -253,3 +253,22 @@ def test_a_frame_the_model_is_late_with_is_answered_from_tracks_once() -> None:
     held = RigTracker([CameraConfig(name="front")], hold_s=2.0)
     held([_frame("front", 0, _seen(0))])
     assert held.overdue([_frame("front", 1, _NOTHING)]) == []
+
+
+def test_a_rig_step_older_than_the_last_one_written_writes_no_objects_line() -> None:
+    """Live, a forced frame the model was late with can come after other cameras' frames
+    answered at their deadline: its rig step is older than the one written before it. The
+    objects move on with it, but objects.jsonl stays in time order."""
+    from drivepercept.rig import load_rig
+
+    steps: list[float] = []
+    cameras = load_rig(SAMPLE / "rig.toml").cameras
+    tracker = RigTracker(cameras, on_step=lambda s: steps.append(s.pts_s))
+    for k in range(5):
+        tracker([_frame("front", k, _seen(k))])
+    # when back's frame 2 comes after front's frame 4, then front's frame 5
+    (back,) = tracker([_frame("back", 2, _seen(2))])
+    tracker([_frame("front", 5, _seen(5))])
+    # then back's frame is answered with its tracks, and its step wrote no line
+    assert back.detections.track_ids is not None
+    assert steps == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]

@@ -7,7 +7,9 @@ tracks its own, all of the batch's cameras in one pass) at each frame's own time
 or pts: frames a live camera dropped make a longer step, not a wrong one); the confirmed
 tracks are placed on the ground and joined across cameras by `RigFusion`; the results come
 back with `track_ids`, `velocities` and `global_ids` in their `Detections`, and the batch's
-`RigStep` goes to `on_step` (objects.jsonl).
+`RigStep` goes to `on_step` (objects.jsonl). A step older than the last one written (live: a
+frame the model was late with, behind other cameras' frames answered at their deadline,
+`overdue`) updates the objects but writes no line: objects.jsonl stays in time order.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ class RigTracker:
         self.on_step = on_step
         self.hold_s = hold_s
         self._held: list[_Held] = []
+        self._step_s = -math.inf  # the time of the last rig step given to on_step
         self._answered: dict[tuple[str, int], float] = {}  # (camera, frame) -> time (`overdue`)
         self._period: dict[str, float] = {}  # each camera's latest frame interval
         self.track_ns = 0  # time spent in the stage (tracking, placing, fusing)
@@ -338,7 +341,8 @@ class RigTracker:
         if observations is None:
             observations = [o for h in step for o in h.observations]
         links, objects = self.fusion.step(t_s, observations)
-        if self.on_step is not None:
+        if self.on_step is not None and t_s >= self._step_s:  # (an older step: no line)
+            self._step_s = t_s
             stamp_ns = newest.stamp_ns if _timed(newest) else round(t_s * 1e9)
             self.on_step(RigStep(newest.frame_index, newest.pts_s, stamp_ns, objects))
         out = []
