@@ -5,10 +5,10 @@ It sits beside the batcher (`batching.Batcher` asks it, once a batch round, whic
 newest frames the model sees; every other frame taken that round is answered by the
 tracking stage with its tracks moved on to the frame's capture time). It knows:
 
-- the engine's service time, measured as it runs (`ServiceTimes`: each model batch's rows
-  and compute time; a line through them, scaled by how far the latest batches ran over it,
-  so that a machine that turns slow, another process or throttling, is seen within a few
-  batches);
+- the engine's service time, measured as it runs (`service_times.ServiceTimes`: each model
+  batch's rows and compute time; a line through the median time at each size, scaled by how
+  far the latest batches ran over it, so that a machine that turns slow, another process or
+  throttling, is seen within a few batches);
 - how late the answers actually came against its estimates (`observe`: their
   99th percentile is kept as a margin, which takes in what it does not
   model: preparation, post-processing, the completion thread; a batch of n rows keeps at
@@ -47,10 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from drivepercept.config import PipelineConfig
+from drivepercept.service_times import ServiceTimes
 
-SERVICE_SAMPLES = 24  # model batches the service-time line is fitted over
-RECENT_SAMPLES = 8  # of them, the latest, whose overrun scales the line
-COLD_WARM_UP = 0.5  # a run's first batch under this share of the warm-up's estimate drops it
 # the margin: the 99th percentile of how late the latest answers came against their estimate.
 # The target is a p99, so the margin must know the tail, and the tail is rare: on the 2-core
 # host one model batch in 50-100 takes 25-30 ms longer than its estimate (the camera server
@@ -85,71 +83,6 @@ class _Second:
     predicted: list[int]
     service_ms: list[float] = field(default_factory=list)
     margin_ms: float = 0.0
-
-
-class ServiceTimes:
-    """The engine's model batches as measured (rows, ns): an estimate of the next one's
-    compute time for a number of rows. Thread-safe (the engine adds, the batcher reads)."""
-
-    def __init__(self) -> None:
-        # (rows, ns, whether the warm-up's)
-        self._samples: collections.deque[tuple[int, int, bool]] = collections.deque(
-            maxlen=SERVICE_SAMPLES
-        )
-        self._lock = threading.Lock()
-        self._real = 0  # the run's own batches measured
-
-    def add(self, rows: int, ns: int, *, provisional: bool = False) -> None:
-        """A model batch of `rows` that took `ns`. `provisional` ones (the warm-up's) give a
-        first estimate and stay among the run's first `RECENT_SAMPLES` batches (one or two
-        of those alone are noise: on the 2-core host under load the first 3-row batch took
-        39 ms, the next ones 43-70, the warm-up's 57), unless the run's first batch comes in
-        under `COLD_WARM_UP` of their estimate: a model's first calls on a machine still
-        starting a run can take several times its steady time (490 ms for six rows against
-        100 ms, in `eval --streaming` on the 2-core host), and kept they held every smaller
-        batch out for a run."""
-        if rows <= 0 or ns <= 0:
-            return
-        cold = not provisional and self._real == 0 and ns < COLD_WARM_UP * self.estimate_ns(rows)
-        with self._lock:
-            if provisional:  # the warm-up's second call at a size replaces its first (set-up)
-                kept = [sample for sample in self._samples if not (sample[2] and sample[0] == rows)]
-                self._samples.clear()
-                self._samples.extend(kept)
-            else:
-                self._real += 1
-                if cold or self._real == RECENT_SAMPLES + 1:  # (warm-up's: the first kept)
-                    kept = [sample for sample in self._samples if not sample[2]]
-                    self._samples.clear()
-                    self._samples.extend(kept)
-            self._samples.append((rows, ns, provisional))
-
-    def largest_recent(self) -> int:
-        """The most rows of the latest `RECENT_SAMPLES` batches (0: none measured)."""
-        with self._lock:
-            return max((s[0] for s in list(self._samples)[-RECENT_SAMPLES:]), default=0)
-
-    def estimate_ns(self, rows: int) -> float:
-        """The compute time of a batch of `rows`: the line through the kept batches (rows,
-        time), scaled by the largest overrun of the latest ones over it; 0 with none."""
-        if rows <= 0:
-            return 0.0
-        with self._lock:
-            samples = list(self._samples)
-        if not samples:
-            return 0.0
-        d = np.array([s[0] for s in samples], np.float64)
-        t = np.array([s[1] for s in samples], np.float64)
-        intercept, slope = 0.0, float((t / d).mean())
-        if len(np.unique(d)) >= 2:
-            slope, intercept = (float(v) for v in np.polyfit(d, t, 1))
-            if slope < 0:  # noise: a flat line
-                slope, intercept = 0.0, float(t.mean())
-            elif intercept < 0:  # through the origin
-                slope, intercept = float((t * d).sum() / (d * d).sum()), 0.0
-        fitted = np.maximum(intercept + slope * d, 1.0)
-        overrun = float((t / fitted)[-RECENT_SAMPLES:].max())
-        return (intercept + slope * rows) * min(max(overrun, 0.5), 4.0)
 
 
 class DeadlineScheduler:

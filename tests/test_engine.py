@@ -23,7 +23,7 @@ from drivepercept.engine.stages import postprocess, to_model_input
 from drivepercept.errors import ConfigError
 from drivepercept.models.base import Detector, InputSpec
 from drivepercept.pipeline import Pipeline
-from drivepercept.schedule import ServiceTimes
+from drivepercept.service_times import ServiceTimes
 from drivepercept.types import Batch, FrameMeta, FrameResult, Letterbox
 
 pytestmark = pytest.mark.timeout(120)

@@ -31,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "batching": {"types", "config", "buffers", "queues", "alignment", "schedule", "preparing"},
     "preparing": {"types"},  # the batcher's frame preparation (rows and metas)
     "alignment": {"types"},  # a replay's batches in time order (the batcher's)
-    "schedule": {"config"},  # the deadline scheduler beside the batcher
+    "schedule": {"config", "service_times"},  # the deadline scheduler beside the batcher
+    "service_times": set(),  # the engine's measured service time (the scheduler's)
     "buffers": {"types", "config"},
     "models": {"types"},
     # (engine -> queues: the stop-aware put every hand-off uses)
@@ -49,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
 STAGES = {"types", "geometry", "rig", "config", "rundir", "sources", "queues", "batching"}
 STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads", "recording"}
 STAGES |= {"tracking", "alignment", "schedule", "handoff", "heap", "preparing"}
+STAGES |= {"service_times"}
 ABOVE = {
     "pipeline": STAGES,
     "run": STAGES | {"pipeline", "report", "eval"},

@@ -24,7 +24,8 @@ from drivepercept.config import PipelineConfig
 from drivepercept.errors import ConfigError
 from drivepercept.queues import CameraQueues
 from drivepercept.run.console import say_dropped
-from drivepercept.schedule import COLD_ERRORS, Candidate, DeadlineScheduler, ServiceTimes
+from drivepercept.schedule import COLD_ERRORS, Candidate, DeadlineScheduler
+from drivepercept.service_times import ServiceTimes
 from drivepercept.sources.decoder import DeferredFrame, FrameCounts
 from drivepercept.sources.readers import CorruptFrameError, RawFrame
 from drivepercept.types import (

@@ -6,7 +6,7 @@ ends, and then for each batch waiting in its inbox. Without a deadline every bat
 the rig's size and takes the moving average of the latest computes; with one, batches of
 every size come (and batches of predicted frames only, which take no time at all), so each
 is reckoned by its rows through the deadline scheduler's measure of the model
-(`ServiceClock`, `schedule.ServiceTimes`), which the engine feeds. On CUDA launching returns
+(`ServiceClock`, `service_times.ServiceTimes`), which the engine feeds. On CUDA launching returns
 at once, so the engine is about free at once: only a CPU engine makes the batcher wait.
 """
 
@@ -21,7 +21,7 @@ from drivepercept.types import Batch
 
 
 class ServiceClock(Protocol):
-    """What measures the model's service time (`schedule.ServiceTimes`)."""
+    """What measures the model's service time (`service_times.ServiceTimes`)."""
 
     def add(self, rows: int, ns: int, *, provisional: bool = False) -> None: ...
 
