@@ -73,6 +73,26 @@ def test_service_time_is_a_line_through_the_batches_scaled_by_the_latest_overrun
     assert clock.estimate_ns(2) / MS == pytest.approx(50, rel=0.05)
 
 
+def test_one_stalled_batch_is_not_taken_for_the_machine_s_new_pace() -> None:
+    now = [0]
+    clock = ServiceTimes(clock=lambda: now[0])
+    for _ in range(20):  # 2-row batches of 10 ms, 50 ms apart
+        now[0] += 50 * MS
+        clock.add(2, 10 * MS)
+    assert clock.estimate_ns(2) / MS == pytest.approx(10)
+    # when one batch stalls 500 ms (another process took the cores)
+    now[0] += 600 * MS
+    clock.add(2, 510 * MS)
+    # then the next estimate is wary (its overrun, at most 4-fold), not the stall's 51-fold
+    assert clock.estimate_ns(2) / MS == pytest.approx(40, rel=0.05)
+    # and after two batches at the old pace, few (the starvation bound's) and a second on,
+    # the estimate is the machine's pace again: the stall moved neither the line nor it
+    for _ in range(2):
+        now[0] += 550 * MS
+        clock.add(1, 5 * MS)
+    assert clock.estimate_ns(2) / MS == pytest.approx(10, rel=0.1)
+
+
 def test_a_slow_warm_up_gives_the_first_estimate_and_goes_with_the_first_real_batch() -> None:
     """The warm-up's batches (a model's first calls, 490 ms for six rows in one eval run
     against 100 ms after) are provisional: kept among batches of one size they held every
