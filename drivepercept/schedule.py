@@ -6,9 +6,9 @@ newest frames the model sees; every other frame taken that round is answered by 
 tracking stage with its tracks moved on to the frame's capture time). It knows:
 
 - the engine's service time, measured as it runs (`service_times.ServiceTimes`: each model
-  batch's rows and compute time; a line through the median time at each size, scaled by how
-  far the latest batches ran over it, so that a machine that turns slow, another process or
-  throttling, is seen within a few batches);
+  batch's rows and compute time; a line through them, less the batches that stalled, scaled
+  by how far the latest ones ran over it, so that a machine that turns slow, another process
+  or throttling, is seen within a few batches);
 - how late the answers actually came against its estimates (`observe`: their
   99th percentile is kept as a margin, which takes in what it does not
   model: preparation, post-processing, the completion thread; a batch of n rows keeps at

@@ -1,8 +1,9 @@
 """The engine's service time as the deadline scheduler sees it: each model batch's rows and
 compute time, measured as the run goes (the engine adds them), and an estimate for a batch
-of any size: a line through the median time at each size, scaled by how far the latest
-batches ran over it, so that a machine that turns slow (another process, throttling) is seen
-within a few batches, and one stalled batch is not taken for the machine's new pace.
+of any size: a line through the latest batches, less those that stalled, scaled by how far
+the latest ones ran over it, so that a machine that turns slow (another process,
+throttling) is seen within a few batches, and one stalled batch is not taken for the
+machine's new pace.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 SERVICE_SAMPLES = 24  # model batches the service-time line is fitted over
 RECENT_SAMPLES = 8  # of them, the latest, whose overrun scales the line
+STALLED = 3.0  # a batch over this many times the median of its size stalled: not in the line
 RECENT_S = 1.0  # if they came within this long (a batch older than that is not "latest")
 COLD_WARM_UP = 0.5  # a run's first batch under this share of the warm-up's estimate drops it
 
@@ -64,13 +66,13 @@ class ServiceTimes:
             return max((s[0] for s in list(self._samples)[-RECENT_SAMPLES:]), default=0)
 
     def estimate_ns(self, rows: int) -> float:
-        """The compute time of a batch of `rows`: the line through the kept batches' median
-        time at each size (rows, weighted by how many), scaled by the largest overrun of the
+        """The compute time of a batch of `rows`: the line through the kept batches (rows,
+        time) but those that stalled (`STALLED`), scaled by the largest overrun of the
         latest ones over it (those of the last `RECENT_S`, the latest one at least); 0 with
-        none. Medians, as one stalled batch (500 ms against 10) in a mean took every
-        estimate up 13-fold for its 24 batches, and nothing fitted in the budget but the
-        starvation bound's batches; the last second, as batches are few after a stall (the
-        bound's), and 8 of them kept its 4-fold overrun for 1.5 s."""
+        none. One stalled batch (500 ms against 10) in the line took every estimate up
+        13-fold for its 24 batches, and nothing fitted in the budget but the starvation
+        bound's batches; and as batches are few after a stall (the bound's), the 8 latest
+        kept its 4-fold overrun for 1.5 s."""
         if rows <= 0:
             return 0.0
         with self._lock:
@@ -80,17 +82,16 @@ class ServiceTimes:
         d = np.array([s[0] for s in samples], np.float64)
         t = np.array([s[1] for s in samples], np.float64)
         sizes, where = np.unique(d, return_inverse=True)
-        n = np.bincount(where).astype(np.float64)
         typical = np.array([np.median(t[where == k]) for k in range(len(sizes))])
-        intercept, slope = 0.0, float(np.median(t / d))
-        if len(sizes) >= 2:
-            line = np.polyfit(sizes, typical, 1, w=np.sqrt(n))
-            slope, intercept = float(line[0]), float(line[1])
+        usual = t <= STALLED * typical[where]  # (a batch that stalled: not the line's)
+        du, tu = d[usual], t[usual]
+        intercept, slope = 0.0, float((tu / du).mean())
+        if len(np.unique(du)) >= 2:
+            slope, intercept = (float(v) for v in np.polyfit(du, tu, 1))
             if slope < 0:  # noise: a flat line
-                slope, intercept = 0.0, float(np.median(t))
+                slope, intercept = 0.0, float(tu.mean())
             elif intercept < 0:  # through the origin
-                slope = float((n * typical * sizes).sum() / (n * sizes * sizes).sum())
-                intercept = 0.0
+                slope, intercept = float((tu * du).sum() / (du * du).sum()), 0.0
         fitted = np.maximum(intercept + slope * d, 1.0)
         since = self._clock() - int(RECENT_S * 1e9)
         last = len(samples) - 1
