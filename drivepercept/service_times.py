@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
-from collections.abc import Callable
 
 import numpy as np
 
 SERVICE_SAMPLES = 24  # model batches the service-time line is fitted over
 RECENT_SAMPLES = 8  # of them, the latest, whose overrun scales the line
-STALLED = 3.0  # a batch over this many times the median of its size stalled: not in the line
-RECENT_S = 1.0  # if they came within this long (a batch older than that is not "latest")
+STALLED = 5.0  # a batch over this many times the median of its size stalled: not in the line
 COLD_WARM_UP = 0.5  # a run's first batch under this share of the warm-up's estimate drops it
 
 
@@ -26,10 +23,9 @@ class ServiceTimes:
     """The engine's model batches as measured (rows, ns): an estimate of the next one's
     compute time for a number of rows. Thread-safe (the engine adds, the batcher reads)."""
 
-    def __init__(self, clock: Callable[[], int] = time.monotonic_ns) -> None:
-        self._clock = clock  # (monotonic ns; a test's own)
-        # (rows, ns, whether the warm-up's, when it was added: monotonic ns)
-        self._samples: collections.deque[tuple[int, int, bool, int]] = collections.deque(
+    def __init__(self) -> None:
+        # (rows, ns, whether the warm-up's)
+        self._samples: collections.deque[tuple[int, int, bool]] = collections.deque(
             maxlen=SERVICE_SAMPLES
         )
         self._lock = threading.Lock()
@@ -58,7 +54,7 @@ class ServiceTimes:
                     kept = [sample for sample in self._samples if not sample[2]]
                     self._samples.clear()
                     self._samples.extend(kept)
-            self._samples.append((rows, ns, provisional, self._clock()))
+            self._samples.append((rows, ns, provisional))
 
     def largest_recent(self) -> int:
         """The most rows of the latest `RECENT_SAMPLES` batches (0: none measured)."""
@@ -68,11 +64,9 @@ class ServiceTimes:
     def estimate_ns(self, rows: int) -> float:
         """The compute time of a batch of `rows`: the line through the kept batches (rows,
         time) but those that stalled (`STALLED`), scaled by the largest overrun of the
-        latest ones over it (those of the last `RECENT_S`, the latest one at least); 0 with
-        none. One stalled batch (500 ms against 10) in the line took every estimate up
-        13-fold for its 24 batches, and nothing fitted in the budget but the starvation
-        bound's batches; and as batches are few after a stall (the bound's), the 8 latest
-        kept its 4-fold overrun for 1.5 s."""
+        latest ones over it; 0 with none. One stalled batch (500 ms against 10) in the line
+        took every estimate up 13-fold for its 24 batches, and as nothing fitted in the
+        budget then, only the starvation bound's batches ran: seconds of it."""
         if rows <= 0:
             return 0.0
         with self._lock:
@@ -93,11 +87,5 @@ class ServiceTimes:
             elif intercept < 0:  # through the origin
                 slope, intercept = float((tu * du).sum() / (du * du).sum()), 0.0
         fitted = np.maximum(intercept + slope * d, 1.0)
-        since = self._clock() - int(RECENT_S * 1e9)
-        last = len(samples) - 1
-        latest = [
-            k for k in range(max(0, last + 1 - RECENT_SAMPLES), last) if samples[k][3] >= since
-        ]
-        latest.append(last)
-        overrun = float((t[latest] / fitted[latest]).max())
+        overrun = float((t / fitted)[-RECENT_SAMPLES:].max())
         return (intercept + slope * rows) * min(max(overrun, 0.5), 4.0)

@@ -673,16 +673,16 @@ def test_frames_the_model_is_late_with_are_answered_by_their_deadline(device: st
 
 
 def test_after_a_stall_the_model_sees_the_frames_again() -> None:
-    # given the same run, 3.5 s long, its 8th real batch stalled 500 ms
-    results, stall, _, frames = _stalled_run("cpu", slow_call=12, frames=70)
-    # then from 1.5 s after the stall the model saw most frames again: the stall was not
+    # given the same run, 4 s long, its 8th real batch stalled 500 ms
+    results, stall, _, frames = _stalled_run("cpu", slow_call=12, frames=80)
+    # then from 2 s after the stall the model saw most frames again: the stall was not
     # taken for the machine's pace (in the mean of the service times it held every
     # estimate up for 24 batches, and the model saw only the starvation bound's frames,
     # 10 of 162 over 4 s)
-    later = [r for r in results if r.timing.capture_ns > stall["end"] + 1_500_000_000]
+    later = [r for r in results if r.timing.capture_ns > stall["end"] + 2_000_000_000]
     detected = [r for r in later if not r.detections.predicted]
     assert len(later) >= 20 and len(detected) >= len(later) / 2, (len(detected), len(later))
-    assert frames == 140
+    assert frames == 160
 
 
 def test_a_camera_s_first_frame_waits_for_the_model_however_late() -> None:
