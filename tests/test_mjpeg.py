@@ -195,7 +195,7 @@ def test_a_corrupt_frame_is_left_out_and_the_camera_goes_on() -> None:
     sink = Collect()
     with _live([("c", _Encoded(corrupt=3, frames=8, pace_s=0.02))], sink) as pipeline:
         stats = pipeline.run()
-    assert pipeline.batcher.failed_frames == 1
+    assert pipeline.batcher.prep.failed_frames == 1
     assert 3 not in [r.frame_index for r in sink.results]
     assert stats.frames == len(sink.results) >= 6
     # and the batcher's count is the camera's undecodable frame (run.json, the verdict)
