@@ -8,13 +8,9 @@ longer than the timeout (a fast camera in replay) never waits. Frames are copied
 a pre-allocated ring slot; the batch records which cameras are present and their capture
 spread.
 
-Each taken frame writes itself into its row (`QueuedFrame.into`): a frame prepared on its
-decoder thread is copied; a deferred one (live) is decoded and prepared there, on a small
-pool of `prepare` threads, one frame per camera at once (OpenCV releases the GIL), so a
-batch of six is ready in about the time of one on a machine with six cores. A deferred
-frame that fails (a corrupt JPEG, one refused before decoding, an OpenCV error) is left out
-of its batch and counted per camera (`failed_by_camera`: the pipeline adds it to the
-camera's undecodable frames); a camera of bad frames logs a few lines, not one a frame.
+Each taken frame is prepared into its row (`preparing.FramePreparer`; deferred frames in
+parallel); one that fails is left out of its batch and counted per camera
+(`failed_by_camera`: the pipeline adds it to the camera's undecodable frames).
 
 In time order (replay, `align=True`): a recorded drive's cameras are replayed as fast as they
 decode, and a camera whose decoder started a little late would otherwise stay some frames
@@ -38,9 +34,8 @@ With a deadline (`config.deadline_ms`) no frame is dropped for a newer one: each
 every waiting frame, the scheduler beside it (`schedule.DeadlineScheduler`) picks the cameras
 whose newest frame the model sees, and the rest go first as batches without rows, which the
 tracking stage answers as soon as the batch ahead of them is out (`_scheduled_round`). While
-the batcher waits for the engine (live), a frame the model could no longer answer in time,
-or that has waited half the budget, goes on the same way at once (`_aging_round`): in the
-inbox the engine's watch answers it at its deadline if the model stalls.
+the batcher waits for the engine (live), a frame past its chance of the model goes on the
+same way at once (`aging`, `_aging_round`).
 
 Just in time: with deferred frames and a second staging slot, the batcher does not take the
 next batch the moment a slot is free (its frames would then age for a whole inference in
@@ -58,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from drivepercept.aging import aged_before_ns, aged_count
 from drivepercept.alignment import Spreads, TimeAligner, after_gap
 from drivepercept.buffers import StagingRing
 from drivepercept.config import detect_due
@@ -87,6 +83,7 @@ class Batcher:
         stop: threading.Event,
         on_error: Callable[[BaseException], None] | None = None,
         free_at: Callable[[], int] | None = None,
+        behind: Callable[[], int] | None = None,
         align: bool = False,
         detect_every: int | Sequence[int] = 1,
         scheduler: DeadlineScheduler | None = None,
@@ -106,6 +103,7 @@ class Batcher:
         self._stalled: set[int] = set()  # align: cameras waited out, until they deliver
         self.spreads = Spreads()  # each batch's spread of its frames' own times
         self.free_at = free_at
+        self.behind = behind  # how long the model batch in progress has overrun (ns)
         self.ring = ring
         self.out = out
         self.timeout_ns = int(timeout_ms * 1e6)
@@ -188,7 +186,7 @@ class Batcher:
                     continue
                 with qs.cond:
                     n = len(qs.cameras)
-                    live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
+                    live = self._live()
                     waiting = [c for c in range(n) if qs.waiting(c)]
                     if self.aligner is not None:
                         heads = {c: _head_ns(qs.head(c)) for c in waiting}
@@ -234,7 +232,7 @@ class Batcher:
         now = time.monotonic_ns()
         with qs.cond:
             n = len(qs.cameras)
-            live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
+            live = self._live()
             rounds: Rounds = {}
             forced: list[int] = []
             waiting = {c: f for c in range(n) if (f := qs.waiting_frames(c))}
@@ -248,6 +246,9 @@ class Batcher:
                     if must[1]:
                         self._resuming.add(cam)
                 rounds[cam] = qs.take_oldest(cam, len(frames) if must is None else must[0] + 1)
+        if not rounds:  # (`_aging_round` sent every waiting frame on meanwhile)
+            self.ring.release(slot)
+            return not self.stop.is_set()
         candidates = []
         for cam, taken in rounds.items():
             newest = taken[-1][0]
@@ -293,6 +294,16 @@ class Batcher:
             return False
         return True
 
+    def _live(self) -> int:
+        """With the queues' lock held: the cameras with frames waiting or still to come."""
+        qs = self.queues
+        return sum(1 for c in range(len(qs.cameras)) if qs.waiting(c) or not qs.ended(c))
+
+    @property
+    def _aging(self) -> bool:
+        """Whether frames aging in the queues go on (`_aging_round`): live with a deadline."""
+        return self.scheduler is not None and self.aligner is None
+
     def _taken_by(self, rounds: Rounds, chosen: set[int]) -> dict[int, int]:
         """Note each camera's taken frames (its latest own time; frames since its last
         detected one, none if `chosen`); returns the frames since, as if not chosen."""
@@ -308,12 +319,14 @@ class Batcher:
     def _put_predicted(self, rounds: Rounds, chosen: set[int], live: int) -> list[int] | None:
         """Each camera's taken frames but a `chosen` camera's last (the model's), sent as
         batches without rows, one frame a camera each, oldest first; the cameras of the
-        frames sent (None: stopped)."""
-        layers: list[list[tuple[QueuedFrame, int]]] = []
-        for cam, taken in rounds.items():
-            for k, item in enumerate(taken[:-1] if cam in chosen else taken):
-                if k == len(layers):
-                    layers.append([])
+        frames sent (None: stopped). The cameras' newest frames share the last batch (each
+        batch a rig step: with a camera's frames counted from its oldest, one with fewer
+        would put its newest frame in the first, before the others' older ones)."""
+        before = {cam: taken[:-1] if cam in chosen else taken for cam, taken in rounds.items()}
+        depth = max((len(b) for b in before.values()), default=0)
+        layers: list[list[tuple[QueuedFrame, int]]] = [[] for _ in range(depth)]
+        for items in before.values():
+            for k, item in enumerate(items, start=depth - len(items)):
                 layers[k].append(item)
         predicted: list[int] = []
         for layer in layers:
@@ -331,43 +344,35 @@ class Batcher:
 
     def _aging_round(self) -> bool:
         """While the batcher waits for the engine (a free slot, or its time to prepare) in a
-        live run with a deadline: the waiting frames the model could no longer answer in
-        time (alone in a batch started when the engine is free) or that have waited half the
-        budget go to the engine's inbox at once, as frames without rows, as the next round
-        would send them. There the engine's watch (`engine.overdue`) answers each at its
-        deadline if the engine is still busy then (a model batch that stalls). A frame that
-        must be detected waits, and so do its camera's later ones. False when stopped."""
+        live run with a deadline, the waiting frames that age past their chance of the model
+        go to the engine's inbox at once, as frames without rows (`aging`). False when
+        stopped."""
         scheduler, qs = self.scheduler, self.queues
-        if scheduler is None or self.aligner is not None:
+        if scheduler is None or not self._aging:
             return not self.stop.is_set()
         with qs.cond:
             if not any(qs.waiting(c) for c in range(len(qs.cameras))):
                 return not self.stop.is_set()
         now = time.monotonic_ns()
-        start = max(now, self.free_at()) if self.free_at is not None else now
-        done = start + self.prep.ema_ns + scheduler.service.estimate_ns(1)
-        cutoff = max(
-            done - scheduler.budget_ns + scheduler.margin_ns(1), now - scheduler.budget_ns / 2
+        start = self.free_at() if self.free_at is not None else now
+        stalled = self.behind is not None and self.behind() > 0
+        before = aged_before_ns(
+            scheduler, now_ns=now, start_ns=start, prepare_ns=self.prep.ema_ns, stalled=stalled
         )
-        room = (self.out.maxsize or 1 << 20) - self.out.qsize()  # (only this thread puts)
+        room = (self.out.maxsize if self.out.maxsize > 0 else 1 << 20) - self.out.qsize()
         rounds: Rounds = {}
-        with qs.cond:
-            n = len(qs.cameras)
-            live = sum(1 for c in range(n) if qs.waiting(c) or not qs.ended(c))
-            for cam in range(n):
+        with qs.cond:  # (only this thread puts in the inbox: the room stays)
+            live = self._live()
+            for cam in range(len(qs.cameras)):
                 frames = qs.waiting_frames(cam)
                 must = self._must_detect(cam, frames, scheduler) if frames else None
-                usable = frames if must is None else frames[: must[0]]
-                count = next(
-                    (k for k, f in enumerate(usable) if f.capture_ns > cutoff), len(usable)
-                )
-                if min(count, room) > 0:
-                    rounds[cam] = qs.take_oldest(cam, min(count, room))
+                count = min(aged_count(frames, None if must is None else must[0], before), room)
+                if count > 0:
+                    rounds[cam] = qs.take_oldest(cam, count)
         if not rounds:
             return not self.stop.is_set()
         self._taken_by(rounds, set())
-        predicted = self._put_predicted(rounds, set(), live)
-        if predicted is None:
+        if (predicted := self._put_predicted(rounds, set(), live)) is None:
             return False
         scheduler.decided(
             batch_index=None,
@@ -381,10 +386,10 @@ class Batcher:
 
     def _wait_s(self) -> float:
         """How long the batcher waits for the engine before it looks again: in a live run
-        with a deadline, an eighth of the budget at most (`_aging_round`)."""
-        if self.scheduler is None or self.aligner is not None:
+        with a deadline, an eighth of the budget at most, 2 ms at least (`_aging_round`)."""
+        if self.scheduler is None or not self._aging:
             return _POLL_S
-        return min(_POLL_S, self.scheduler.budget_ns / 8e9)
+        return min(_POLL_S, max(0.002, self.scheduler.budget_ns / 8e9))
 
     def _must_detect(
         self, cam: int, frames: list[QueuedFrame], scheduler: DeadlineScheduler

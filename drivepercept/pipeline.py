@@ -154,6 +154,7 @@ class Pipeline:
             stop=self.stop_event,
             on_error=self._fail,
             free_at=lambda: self.engine.free_at_ns(),  # live: batches made just in time
+            behind=lambda: self.engine.busy.behind_ns(),  # (and frames aging meanwhile)
             align=policy is DropPolicy.BLOCK,  # replay: batches in time order
             detect_every=every,
             scheduler=self.scheduler,

@@ -1,8 +1,11 @@
-"""The batcher's frame preparation: each taken frame written into its staging row (a deferred
-frame, which live cameras hand over undecoded, decoded and resized there, the frames of a
-batch in parallel on `prepare-N` threads), or only its meta for a frame the model will not
-see. A frame that cannot be prepared (corrupt, or one OpenCV raises on) is left out of its
-batch, counted per camera and said, and is not its camera's end."""
+"""The batcher's frame preparation: each taken frame written into its staging row
+(`QueuedFrame.into`), or only its meta for a frame the model will not see. A frame prepared
+on its decoder thread is copied; a deferred one (live cameras hand theirs over undecoded) is
+decoded and resized there, the frames of a batch in parallel on `prepare` threads, one per
+camera at once (OpenCV releases the GIL), so a batch of six is ready in about the time of one
+on six cores. A frame that cannot be prepared (a corrupt JPEG, one refused before decoding,
+an OpenCV error) is left out of its batch and counted per camera, and is not its camera's
+end; a camera of bad frames logs a few lines, not one a frame."""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
 """The engine's service time as the deadline scheduler sees it: each model batch's rows and
 compute time, measured as the run goes (the engine adds them), and an estimate for a batch
 of any size: a line through the latest batches, less those that stalled, scaled by how far
-the latest ones ran over it, so that a machine that turns slow (another process,
-throttling) is seen within a few batches, and one stalled batch is not taken for the
-machine's new pace.
+the latest ones ran over it (at most 4-fold), so that a machine that turns slow (another
+process, throttling) is seen within a few batches. A stalled batch (over 5 times its size's
+median) scales the next estimates through the overrun, for 8 batches, but stays out of the
+line: it is not taken for the machine's new pace. (A real slowdown of over 5 times joins
+the line once it is its size's median.)
 """
 
 from __future__ import annotations

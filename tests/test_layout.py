@@ -28,7 +28,17 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": {"types"},
     "sources": {"types", "config", "rig", "geometry", "recording"},
     "queues": {"types", "config"},
-    "batching": {"types", "config", "buffers", "queues", "alignment", "schedule", "preparing"},
+    "batching": {
+        "types",
+        "config",
+        "buffers",
+        "queues",
+        "alignment",
+        "schedule",
+        "preparing",
+        "aging",
+    },
+    "aging": {"types", "schedule"},  # which frames waiting for a busy engine go on (batcher's)
     "preparing": {"types"},  # the batcher's frame preparation (rows and metas)
     "alignment": {"types"},  # a replay's batches in time order (the batcher's)
     "schedule": {"config", "service_times"},  # the deadline scheduler beside the batcher
@@ -50,7 +60,7 @@ ALLOWED: dict[str, set[str]] = {
 STAGES = {"types", "geometry", "rig", "config", "rundir", "sources", "queues", "batching"}
 STAGES |= {"buffers", "models", "engine", "sinks", "telemetry", "_threads", "recording"}
 STAGES |= {"tracking", "alignment", "schedule", "handoff", "heap", "preparing"}
-STAGES |= {"service_times"}
+STAGES |= {"service_times", "aging"}
 ABOVE = {
     "pipeline": STAGES,
     "run": STAGES | {"pipeline", "report", "eval"},

@@ -423,6 +423,7 @@ def test_frames_waiting_for_a_busy_engine_go_on_as_predicted_once_half_the_budge
     batcher = Batcher(
         queues=qs, ring=ring, out=out, timeout_ms=5, stop=stop, scheduler=scheduler,
         free_at=time.monotonic_ns,  # (the engine's clock does not know it stalls)
+        behind=lambda: 10**9,  # (its batch in progress is a second past its estimate)
     )  # fmt: skip
     # and frames waiting: camera 0's 60 and 10 ms old, camera 1's 70, camera 2's first 80
     captured = {(0, 0): now - 60 * MS, (0, 1): now - 10 * MS, (1, 0): now - 70 * MS}
@@ -447,6 +448,44 @@ def test_frames_waiting_for_a_busy_engine_go_on_as_predicted_once_half_the_budge
     assert scheduler.figures()["cameras"]["c0"]["predicted"] == 2  # type: ignore[index]
     # and camera 2's first frame, which must be detected, still waits for the model
     assert qs.waiting(2) and ring.in_use() == 1 and held == 0
+
+
+def test_a_frame_half_the_budget_old_goes_on_early_only_while_the_model_overruns() -> None:
+    from drivepercept.aging import aged_before_ns, aged_count
+
+    scheduler = _fed(_scheduler(3), ms_per_row=10.0)  # 10 ms a row, margin 0, budget 100
+    now = 10**12
+    # an engine free now: a frame goes on once a batch of it alone would come after 100 ms
+    calm = aged_before_ns(scheduler, now_ns=now, start_ns=now, prepare_ns=0, stalled=False)
+    assert calm == pytest.approx(now - 90 * MS)
+    # an engine free in 50 ms: 40 ms old is too old already
+    later = now + 50 * MS
+    busy = aged_before_ns(scheduler, now_ns=now, start_ns=later, prepare_ns=0, stalled=False)
+    assert busy == pytest.approx(now - 40 * MS)
+    # a model batch past its estimate (its end unknown): half the budget old goes on too
+    stall = aged_before_ns(scheduler, now_ns=now, start_ns=now, prepare_ns=0, stalled=True)
+    assert stall == pytest.approx(now - 50 * MS)
+    # and of a camera's frames, those up to then, but none from a frame that must be detected
+    frames = [_frame(0, k, now - (80 - 20 * k) * MS) for k in range(4)]  # 80, 60, 40, 20 ms
+    assert aged_count(frames, None, stall) == 2
+    assert aged_count(frames, 1, stall) == 1 and aged_count(frames, 0, stall) == 0
+
+
+def test_predicted_frames_go_as_rig_steps_in_time_order() -> None:
+    # given a round of camera 0's frames at 0, 33 and 66 ms and camera 1's one at 60 ms
+    stop = threading.Event()
+    qs = CameraQueues(["c0", "c1"], capacity=8, policy=DropPolicy.DROP_OLDEST)
+    ring = StagingRing(slots=1, max_batch=2, height=8, width=8, pin_memory=False)
+    out: queue.Queue[Batch | None] = queue.Queue(maxsize=8)
+    batcher = Batcher(queues=qs, ring=ring, out=out, timeout_ms=5, stop=stop)
+    taken = {0: [(_frame(0, k, t * MS), 0) for k, t in enumerate((0, 33, 66))]}
+    taken[1] = [(_frame(1, 0, 60 * MS), 0)]
+    # when they go as batches without rows (each one a rig step of the tracking stage)
+    assert batcher._put_predicted(taken, set(), live=2) == [0, 0, 0, 1]
+    batches = [out.get_nowait() for _ in range(out.qsize())]
+    # then the cameras' newest frames share the last: no step older than the one before
+    newest = [max(m.capture_ns for m in b.frames) // MS for b in batches]
+    assert newest == [0, 33, 66] and [b.size for b in batches] == [1, 1, 2]
 
 
 def test_at_a_run_s_start_the_first_frames_go_in_two_batches_by_priority() -> None:

@@ -67,6 +67,15 @@ class BusyClock:
             took = times_ns["inference_done"] - times_ns["compute_start"]
             self.service.add(rows, took, provisional=provisional)
 
+    def behind_ns(self) -> int:
+        """How long the compute in progress has run past its estimate (0: none running, or
+        within it): a model batch that stalls."""
+        with self._lock:
+            since, rows = self._since_ns, self._rows
+        if not since or self.service is None:
+            return 0
+        return max(0, time.monotonic_ns() - since - int(self.service.estimate_ns(rows)))
+
     def free_at_ns(self) -> int:
         """When the engine is expected to take its next batch (monotonic ns)."""
         with self._lock:

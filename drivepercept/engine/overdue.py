@@ -6,11 +6,11 @@ The machine can still turn slower within a batch: another process takes a core, 
 something else. Such a batch's frames would come out late. `OverdueFrames` watches the
 frames the engine has taken (and those waiting in its inbox) until their batch is handed
 on; when one reaches its deadline (capture + budget, less a guard for the answer's own work:
-the longest recent time from a batch's model to its hand-off, or from a frame's due time to
-its answer here, which grows when the thread wakes late on a busy machine) and is not
-answered, the
-engine's completion thread answers it at once as a predicted frame (its camera's tracks
-moved on to its capture time, as for a frame the scheduler chose not to detect). When the
+the longest recent time from a batch's model to its hand-off, or from a frame's due time
+to its answer here in the last 2 s, which grows when the thread wakes late on a busy
+machine) and is not answered, the engine's completion thread answers it at once as a
+predicted frame (its camera's tracks moved on to its capture time, as for a frame the
+scheduler chose not to detect). When the
 model's boxes come, they only move the tracks on: the frame is not answered twice. A frame
 whose camera has nothing to predict from (its first frame, a reconnect, tracks older than a
 second) or that the scheduler forced is left to the model, and so are its camera's later
@@ -39,6 +39,7 @@ from drivepercept.types import Batch, FrameMeta, FrameResult
 MIN_GUARD_NS = 3_000_000  # a frame is answered at least this long before its deadline
 MAX_GUARD_SHARE = 0.3  # and at most this share of the budget before it
 TAILS_KEPT = 32  # model batches whose work after the model the guard is the longest of
+LATE_KEPT_S = 2.0  # an answer's lateness widens the guard this long
 RECHECK_S = 0.005  # the completion thread looks again at least this often (a batch that
 # reaches the engine while it waits may be near its due time already)
 MAX_BATCHES = 64  # batches watched at most (a batch never finished is forgotten)
@@ -70,9 +71,11 @@ class OverdueFrames:
         # the time a batch's frames take from the model's end to their hand-off (NMS, the
         # tracking stage): a frame still with the model this close to its deadline is late
         self._tails: collections.deque[int] = collections.deque(maxlen=TAILS_KEPT)
-        # how long after its due time each of the latest frames answered here was handed on
-        # (the thread's wake-up on a busy machine, the answer's own work), plus MIN_GUARD_NS
-        self._overshoots: collections.deque[int] = collections.deque(maxlen=TAILS_KEPT)
+        # (when, how long after its due time) each of the latest frames answered here that
+        # fell due since the scan before was handed on (the thread's wake-up on a busy
+        # machine, the answer's own work), plus MIN_GUARD_NS; kept for LATE_KEPT_S
+        self._overshoots: collections.deque[tuple[int, int]] = collections.deque(maxlen=TAILS_KEPT)
+        self._scanned_ns = 0  # when `answer_due` last looked
         self.class_names = class_names
         self.answer = answer
         self.inbox = inbox
@@ -111,7 +114,9 @@ class OverdueFrames:
         """How long after its capture a frame falls due: the budget less the guard (the
         longest recent work after the model, or lateness of an answer here past its due
         time plus `MIN_GUARD_NS`; at least `MIN_GUARD_NS`)."""
-        tail = max(max(self._tails, default=0), max(self._overshoots, default=0))
+        since = time.monotonic_ns() - int(LATE_KEPT_S * 1e9)
+        late = max((ns for t, ns in list(self._overshoots) if t >= since), default=0)
+        tail = max(max(self._tails, default=0), late)
         guard = min(max(MIN_GUARD_NS, tail), int(MAX_GUARD_SHARE * self.budget_ns))
         return self.budget_ns - guard
 
@@ -171,7 +176,8 @@ class OverdueFrames:
         those the answer leaves out wait for the model."""
         if self.answer is None:
             return
-        now, after = time.monotonic_ns(), self.after_ns
+        now, after, scanned = time.monotonic_ns(), self.after_ns, self._scanned_ns
+        self._scanned_ns = now
         due: dict[int, tuple[Batch, list[tuple[int, FrameMeta]], list[tuple[int, FrameMeta]]]]
         due = {}
         for batch, row, meta in self._open():
@@ -194,9 +200,11 @@ class OverdueFrames:
             )
             out = self.answer(results, len(sent))
             answered = {(r.camera_index, r.frame_index) for r in out}
-            for r in out:  # how late after its due time: the guard grows by it
-                late = r.timing.emitted_ns - r.timing.capture_ns - after
-                self._overshoots.append(max(0, late) + MIN_GUARD_NS)
+            for r in out:  # how late after its due time: the guard grows by it (not a frame
+                # due before the scan before, held back or seen late: no measure of the wait)
+                if (due_ns := r.timing.capture_ns + after) >= scanned:
+                    late = max(0, r.timing.emitted_ns - due_ns) + MIN_GUARD_NS
+                    self._overshoots.append((r.timing.emitted_ns, late))
             with self._lock:
                 for row, m in rows:
                     self._offered.add((batch.batch_index, row))
