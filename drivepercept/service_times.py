@@ -32,6 +32,9 @@ class ServiceTimes:
         )
         self._lock = threading.Lock()
         self._real = 0  # the run's own batches measured
+        # (intercept, slope, overrun factor) fitted to the samples, until the next `add`:
+        # the batcher asks for estimates every few milliseconds while the engine is busy
+        self._line: tuple[float, float, float] | None = None
 
     def add(self, rows: int, ns: int, *, provisional: bool = False) -> None:
         """A model batch of `rows` that took `ns`. `provisional` ones (the warm-up's) give a
@@ -57,6 +60,7 @@ class ServiceTimes:
                     self._samples.clear()
                     self._samples.extend(kept)
             self._samples.append((rows, ns, provisional))
+            self._line = None
 
     def largest_recent(self) -> int:
         """The most rows of the latest `RECENT_SAMPLES` batches (0: none measured)."""
@@ -72,22 +76,31 @@ class ServiceTimes:
         if rows <= 0:
             return 0.0
         with self._lock:
-            samples = list(self._samples)
-        if not samples:
+            if self._line is None and self._samples:
+                self._line = _fit(list(self._samples))
+            line = self._line
+        if line is None:
             return 0.0
-        d = np.array([s[0] for s in samples], np.float64)
-        t = np.array([s[1] for s in samples], np.float64)
-        sizes, where = np.unique(d, return_inverse=True)
-        typical = np.array([np.median(t[where == k]) for k in range(len(sizes))])
-        usual = t <= STALLED * typical[where]  # (a batch that stalled: not the line's)
-        du, tu = d[usual], t[usual]
-        intercept, slope = 0.0, float((tu / du).mean())
-        if len(np.unique(du)) >= 2:
-            slope, intercept = (float(v) for v in np.polyfit(du, tu, 1))
-            if slope < 0:  # noise: a flat line
-                slope, intercept = 0.0, float(tu.mean())
-            elif intercept < 0:  # through the origin
-                slope, intercept = float((tu * du).sum() / (du * du).sum()), 0.0
-        fitted = np.maximum(intercept + slope * d, 1.0)
-        overrun = float((t / fitted)[-RECENT_SAMPLES:].max())
-        return (intercept + slope * rows) * min(max(overrun, 0.5), 4.0)
+        intercept, slope, factor = line
+        return (intercept + slope * rows) * factor
+
+
+def _fit(samples: list[tuple[int, int, bool]]) -> tuple[float, float, float]:
+    """`ServiceTimes.estimate_ns`'s line through `samples` (none empty): its intercept and
+    slope, and the factor of the latest ones' overrun over it."""
+    d = np.array([s[0] for s in samples], np.float64)
+    t = np.array([s[1] for s in samples], np.float64)
+    sizes, where = np.unique(d, return_inverse=True)
+    typical = np.array([np.median(t[where == k]) for k in range(len(sizes))])
+    usual = t <= STALLED * typical[where]  # (a batch that stalled: not the line's)
+    du, tu = d[usual], t[usual]
+    intercept, slope = 0.0, float((tu / du).mean())
+    if len(np.unique(du)) >= 2:
+        slope, intercept = (float(v) for v in np.polyfit(du, tu, 1))
+        if slope < 0:  # noise: a flat line
+            slope, intercept = 0.0, float(tu.mean())
+        elif intercept < 0:  # through the origin
+            slope, intercept = float((tu * du).sum() / (du * du).sum()), 0.0
+    fitted = np.maximum(intercept + slope * d, 1.0)
+    overrun = float((t / fitted)[-RECENT_SAMPLES:].max())
+    return intercept, slope, min(max(overrun, 0.5), 4.0)
