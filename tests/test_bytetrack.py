@@ -365,6 +365,26 @@ def test_kalman_steps_by_time_and_gates_far_boxes() -> None:
     assert gate[0, 0] < CHI2_95_4DOF < gate[0, 1]
 
 
+def test_kalman_velocity_keeps_up_with_an_object_that_speeds_up_across_the_image() -> None:
+    # given a car seen from a moving vehicle at 15 frames/s: as it comes closer it speeds
+    # up across the picture (x = 100 + 200 t + 300 t^2 px, so 800 px/s after one second)
+    kf, dt = BoxKalman(), 1 / 15
+
+    def seen(t: float) -> npt.NDArray[np.float64]:
+        return np.array([[100 + 200 * t + 300 * t * t, 200.0, 60.0, 40.0]])
+
+    mean, cov = kf.initiate(seen(0.0))
+    for k in range(1, 16):
+        mean, cov = kf.predict(mean, cov, dt)
+        mean, cov = kf.update(mean, cov, seen(k * dt))
+    # then after a second its velocity is within 10 % of the true one (ByteTrack's
+    # velocity noise, 1/160, was 21 % behind), and a frame ahead it is off by under 8 px
+    # (the streaming forecast and a predicted frame's box; 16 px with 1/160)
+    assert mean[0, 4] == pytest.approx(800.0, rel=0.10)
+    ahead, _ = kf.predict(mean, cov, dt)
+    assert abs(ahead[0, 0] - seen(16 * dt)[0, 0]) < 8.0
+
+
 # -- the sample rig's ground truth ---------------------------------------------------------
 
 
