@@ -30,6 +30,7 @@ import numpy as np
 from drivepercept.errors import ConfigError
 from drivepercept.eval.report import EvalThresholds, StreamingScores
 from drivepercept.eval.scoring import score_detections
+from drivepercept.types.detections import moved_boxes
 
 Record = Mapping[str, Any]
 
@@ -98,19 +99,16 @@ def forecast_boxes(
 ) -> tuple[list[list[float]], list[int]]:
     """Boxes moved on by their velocities (px/s of x1, y1, x2, y2) over `dt_s`, clipped to
     the image (`size`: width, height); a box without a velocity stays. Returns the boxes and
-    the indices of those kept (a box moved wholly out of the image is dropped)."""
-    out, kept = [], []
-    for i, box in enumerate(boxes):
-        v = velocities[i] if velocities is not None and i < len(velocities) else None
-        moved = np.array(box, float)
-        if v is not None and all(x is not None for x in v):
-            moved = moved + np.array(v, float) * dt_s
-        if size is not None:
-            moved = np.clip(moved, 0.0, [size[0], size[1], size[0], size[1]])
-        if moved[2] > moved[0] and moved[3] > moved[1]:
-            out.append([float(x) for x in moved])
-            kept.append(i)
-    return out, kept
+    the indices of those kept (a box moved wholly out of the image is dropped). The lines'
+    form of `Detections.moved_on` (`moved_boxes`)."""
+    n = len(boxes)
+    v = np.full((n, 4), np.nan)
+    for i, row in enumerate((velocities or [])[:n]):
+        if row is not None and all(x is not None for x in row):
+            v[i] = row
+    moved, kept = moved_boxes(np.reshape(np.asarray(boxes, np.float64), (n, 4)), v, dt_s, size)
+    index = np.flatnonzero(kept)
+    return moved[index].tolist(), index.tolist()
 
 
 def streaming_frames(

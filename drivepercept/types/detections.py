@@ -3,6 +3,8 @@ shape), with the identities tracking gives them where it ran."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,6 +13,32 @@ import numpy.typing as npt
 from drivepercept.types.model_input import FloatArray
 
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def moved_boxes(
+    xyxy: npt.ArrayLike,
+    velocities: npt.ArrayLike | None,
+    dt_s: float,
+    size: tuple[float, float] | None = None,
+) -> tuple[npt.NDArray[np.float64], BoolArray]:
+    """Boxes `(N, 4)` moved on by their velocities (`(N, 4)`, pixels per second of x1, y1,
+    x2, y2) over `dt_s` seconds; a box whose velocity has a NaN (no track, or a track of one
+    box) stays where it was. With `size` (width, height) the boxes are clipped to the image.
+
+    Returns:
+        the boxes (float64) and which of them still have an area (a box moved wholly out of
+        the image has none: a consumer drops it).
+    """
+    boxes = np.array(xyxy, np.float64).reshape(-1, 4)
+    if velocities is not None:
+        v = np.asarray(velocities, np.float64).reshape(-1, 4)
+        known = np.isfinite(v).all(axis=1)
+        boxes[known] += v[known] * dt_s
+    if size is not None:
+        boxes = np.clip(boxes, 0.0, [size[0], size[1], size[0], size[1]])
+    kept: BoolArray = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    return boxes, kept
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +102,21 @@ class Detections:
             global_ids=pick(self.global_ids),  # type: ignore[arg-type]
             predicted=self.predicted,
         )
+
+    def moved_on(self, dt_s: float, size: tuple[float, float] | None = None) -> Detections:
+        """These boxes `dt_s` seconds later, each moved on by its velocity: what a consumer
+        holding this frame's answer should use at a later moment, since the world moved on
+        while the answer was made (`moved_boxes`; boxes without a velocity stay, and without
+        tracking all do). With `size` (width, height) boxes are clipped to the image, and
+        one moved wholly out of it is left out (with its other columns).
+
+        Raises:
+            ValueError: `dt_s` not finite.
+        """
+        if not math.isfinite(dt_s):
+            raise ValueError(f"dt_s must be finite, got {dt_s!r}")
+        boxes, kept = moved_boxes(self.xyxy, self.velocities, dt_s, size)
+        return dataclasses.replace(self[kept], xyxy=boxes[kept].astype(self.xyxy.dtype))
 
     @property
     def names(self) -> list[str]:
