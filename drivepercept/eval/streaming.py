@@ -106,7 +106,7 @@ def forecast_boxes(
     for i, row in enumerate((velocities or [])[:n]):
         if row is not None and all(x is not None for x in row):
             v[i] = row
-    moved, kept = moved_boxes(np.reshape(np.asarray(boxes, np.float64), (n, 4)), v, dt_s, size)
+    moved, kept = moved_boxes(boxes, v, dt_s, size)
     index = np.flatnonzero(kept)
     return moved[index].tolist(), index.tolist()
 
