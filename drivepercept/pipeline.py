@@ -121,17 +121,17 @@ class Pipeline:
             self.ring = StagingRing(
                 slots=config.ring_slots, max_batch=len(cameras), pin_memory=pin, **size
             )
-        spec = detector.input
         self.decoders = [
             DecoderThread(
                 camera=name,
                 camera_index=i,
                 reader=reader,
-                spec=spec,
+                spec=detector.input,
                 queues=self.queues,
                 stop=self.capture_stop,
                 max_frames=config.max_frames,
                 keep_original=keep_original,
+                keep_seen=not keep_original and bool(getattr(stage, "wants_images", False)),
                 on_error=self._fail,
                 defer=policy is DropPolicy.DROP_OLDEST,  # live: most frames are dropped
             )
@@ -143,6 +143,7 @@ class Pipeline:
         emit = Handoff(
             stage=stage, scheduler=self.scheduler, sinks=self.sinks, counters=self.counters
         )
+        emit.drop_images = self.decoders[0].keep_seen  # pixels kept for the stage alone
         # (with a deadline, batches of frames without rows beyond those of the model's)
         ahead = PREDICTED_AHEAD if self.scheduler is not None else 0
         self._batches: queue.Queue[Batch | None] = queue.Queue(config.ring_slots + ahead)
@@ -378,9 +379,8 @@ class Pipeline:
             self.sampler.close()
         # A second Ctrl-C (or SIGTERM) while files are being finished would leave the later
         # ones unflushed: hold the signals until every sink is closed, then let them in.
-        hold = threading.current_thread() is threading.main_thread() and hasattr(
-            signal, "pthread_sigmask"
-        )
+        main = threading.current_thread() is threading.main_thread()
+        hold = main and hasattr(signal, "pthread_sigmask")
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS) if hold else None
         try:
             self._errors.extend(self.sinks.close())

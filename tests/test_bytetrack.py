@@ -16,7 +16,8 @@ import pytest
 
 from drivepercept.errors import ConfigError
 from drivepercept.tracking.association import box_iou, match
-from drivepercept.tracking.bytetrack import ByteTracker, CameraTracker, TrackParams, TrackUpdate
+from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
+from drivepercept.tracking.camera_tracker import CameraTracker
 from drivepercept.tracking.kalman import CHI2_95_4DOF, BoxKalman, xyxy_to_xywh
 from drivepercept.tracking.track_table import CameraBoxes
 

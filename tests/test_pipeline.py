@@ -698,3 +698,41 @@ def test_a_camera_s_first_frame_waits_for_the_model_however_late() -> None:
     # and every frame was answered once
     keys = [(r.camera, r.frame_index) for r in results]
     assert len(keys) == len(set(keys)) == frames
+
+
+class _LooksStage:
+    """A stage that reads the frames' pixels (as tracking's looks do) and records them."""
+
+    wants_images = True
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...] | None] = []
+
+    def __call__(self, results: list[FrameResult]) -> list[FrameResult]:
+        self.shapes += [None if r.original_bgr is None else r.original_bgr.shape for r in results]
+        return results
+
+
+@pytest.mark.parametrize("policy", ["block", "drop_oldest"])
+@pytest.mark.parametrize("keep_original", [False, True])
+def test_a_stage_that_reads_the_pixels_gets_them_and_the_sinks_only_when_asked(
+    policy: str, keep_original: bool
+) -> None:
+    """Issue 44: the tracking stage reads each detected frame's original pixels (its boxes'
+    looks); they are dropped as the stage hands the frames on unless a sink wants them (an
+    annotated video), so no sink's queue holds a frame's pixels it never asked for."""
+    stage, sink = _LooksStage(), Collect()
+    cams = [(f"c{i}", FakeReader(size=(96, 64), frames=5)) for i in range(2)]
+    with Pipeline(
+        cameras=cams,
+        detector=make_oracle(size=(64, 64)),
+        config=_cpu(warmup=False, sample_hz=0, drop_policy=policy),
+        sinks=[sink],
+        stage=stage,
+        keep_original=keep_original,
+    ) as p:
+        p.run()
+    assert sink.results and len(stage.shapes) == len(sink.results)
+    assert all(s == (64, 96, 3) for s in stage.shapes)  # (H, W, 3) of the camera's frames
+    kept = [r.original_bgr is not None for r in sink.results]
+    assert kept == [keep_original] * len(kept)

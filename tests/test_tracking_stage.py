@@ -272,3 +272,37 @@ def test_a_rig_step_older_than_the_last_one_written_writes_no_objects_line() -> 
     # then back's frame is answered with its tracks, and its step wrote no line
     assert back.detections.track_ids is not None
     assert steps == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
+
+
+def test_the_stage_knows_a_hidden_car_again_by_the_looks_it_reads_from_the_frame() -> None:
+    """Issue 44: the stage reads each detected frame's boxes' looks from its pixels (the
+    pipeline keeps them for it: `wants_images`). A red car hidden for 2 s (past the lost
+    time) that comes back beyond where its motion would put it keeps its id; a stage told
+    not to look (or a frame without its pixels: offline re-tracking) tracks by motion alone
+    and gives it a new one."""
+
+    def run(tracker: RigTracker, pixels: bool) -> list[int]:
+        ids = []
+        for k in range(35):  # frames 10-29: the car is hidden
+            x = 100.0 + 10 * k if k < 10 else 400.0 + 10 * (k - 30)
+            img = np.full((360, 640, 3), 90, np.uint8)
+            if not 10 <= k < 30:
+                img[100:180, int(x) : int(x) + 40] = (30, 30, 200)
+            n = 0 if 10 <= k < 30 else 1
+            xyxy = np.array([[x, 100.0, x + 40, 180.0]][:n], np.float32).reshape(n, 4)
+            det = Detections(
+                xyxy, np.full(n, 0.9, np.float32), np.zeros(n, np.int64), DRIVING_CLASSES
+            )
+            meta = FrameMeta(
+                "front", 0, k, k / 10, 0, 0, 0, _LB, original_bgr=img if pixels else None
+            )
+            (out,) = tracker([FrameResult(meta, k, 1, det, FrameTiming(*range(11)))])
+            assert out.detections.track_ids is not None
+            ids += out.detections.track_ids.tolist()
+        return ids
+
+    looking = RigTracker([CameraConfig(name="front")])
+    assert looking.wants_images and run(looking, pixels=True) == [1] * 15
+    blind = RigTracker([CameraConfig(name="front")], appearance=False)
+    assert not blind.wants_images and run(blind, pixels=True) == [1] * 10 + [-1] + [2] * 4
+    assert run(RigTracker([CameraConfig(name="front")]), pixels=False) == [1] * 10 + [-1] + [2] * 4

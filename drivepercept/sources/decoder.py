@@ -11,6 +11,11 @@ decoder thread only reads: it queues a `DeferredFrame`, which is decoded (if its
 handed it over encoded, as `MjpegReader` does) and prepared straight into its staging row
 only when the batcher takes it. `FrameCounts` says, per camera, how many frames were read,
 decoded, prepared and (the pipeline's count) used.
+
+A frame carries its original pixels on (`FrameMeta.original_bgr`, the decoded image itself,
+not a copy) when an annotated output wants every frame's (`keep_original`: frames the model
+skips are decoded for it too) or when the tracking stage reads the boxes' looks from the
+frames the model sees (`keep_seen`: a skipped frame is not decoded for it).
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ class DeferredFrame:
     read_ns: int  # when the read returned (a reader that decodes: decoded by then)
     keep_original: bool
     counts: FrameCounts = field(repr=False)
+    keep_seen: bool = False  # keep the original of a frame the model sees (tracking's looks)
     deferred = True
 
     @property
@@ -116,7 +122,7 @@ class DeferredFrame:
             decoded_ns=self.read_ns,
             preprocessed_ns=self.read_ns,
             letterbox=box,
-            original_bgr=image if self.keep_original else None,
+            original_bgr=image if self.keep_original or self.keep_seen else None,
         )
 
     def meta_only(self) -> FrameMeta:
@@ -182,6 +188,7 @@ class DecoderThread:
         keep_original: bool = False,
         on_error: Callable[[BaseException], None] | None = None,
         defer: bool = False,
+        keep_seen: bool = False,
     ) -> None:
         self.camera = camera
         self.camera_index = camera_index
@@ -191,6 +198,7 @@ class DecoderThread:
         self.stop = stop
         self.max_frames = max_frames
         self.keep_original = keep_original
+        self.keep_seen = keep_seen
         self.on_error = on_error
         self.defer = defer
         self.counts = FrameCounts()
@@ -259,7 +267,7 @@ class DecoderThread:
             decoded_ns=decoded_ns,
             preprocessed_ns=time.monotonic_ns(),
             letterbox=box,
-            original_bgr=image_bgr if self.keep_original else None,
+            original_bgr=image_bgr if self.keep_original or self.keep_seen else None,
         )
         return Frame(meta, image)
 
@@ -278,6 +286,7 @@ class DecoderThread:
             read_ns=read_ns,
             keep_original=self.keep_original,
             counts=self.counts,
+            keep_seen=self.keep_seen,
         )
 
     def _run(self) -> None:

@@ -1,11 +1,15 @@
 """From boxes to objects: tracking per camera, and one object list for the rig.
 
-* `bytetrack`: `CameraTracker`, ByteTrack over one camera's boxes (a Kalman motion model,
-  `kalman`; two-stage association of high- and low-score boxes; tracks that survive misses).
+* `bytetrack`: `ByteTracker`, ByteTrack over each camera's boxes, a batch of cameras at a
+  time (a Kalman motion model, `kalman`; two-stage association of high- and low-score boxes;
+  tracks that survive misses, found again by motion and by looks, `recovery`);
+  `camera_tracker`: `CameraTracker`, that tracker for one camera.
+* `appearance`: what a box looks like (its colours, a small unit vector), read from the
+  frame, so that the tracker tells apart objects its motion model cannot.
 * `fusion`: `RigFusion`, each track's ground contact point placed in the ego frame with the
   rig's geometry, and tracks of cameras that see one object joined under one global id.
 * `stage`: `RigTracker`, both as the pipeline stage that runs on the completion thread.
 
-Pure steps over numpy arrays (and scipy's assignment), tested on their own; they import
-types, geometry and rig only.
+Pure steps over numpy arrays (and scipy's assignment, OpenCV's resize for the looks), tested
+on their own; they import types, geometry and rig only.
 """

@@ -18,13 +18,14 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from drivepercept.errors import ConfigError
 from drivepercept.rig import CameraConfig
+from drivepercept.tracking.appearance import DIM, box_features
 from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
 from drivepercept.tracking.fusion import FusionParams, RigFusion
 from drivepercept.tracking.places import Observation, cut_by_side
@@ -108,6 +109,11 @@ class RigTracker:
         params: the per-camera trackers' settings.
         fusion: the cross-camera join's settings.
         on_step: receives each rig step's objects (only when the rig can place them).
+        appearance: tell objects apart by their looks too (`appearance.box_features` of
+            each detected frame's boxes, read from its original pixels: the pipeline keeps
+            them for the stage, `wants_images`, and drops them after it unless a sink wants
+            them). A frame without its pixels (offline re-tracking of boxes) is tracked by
+            motion alone.
         hold_s: 0 (live): each batch is one rig step, its frames placed at their own
             times. More (replay): rig steps are formed by time, not by batch: a tracked
             frame waits until every camera has delivered a frame at least as new (or until
@@ -125,6 +131,7 @@ class RigTracker:
         fusion: FusionParams | None = None,
         on_step: Callable[[RigStep], None] | None = None,
         hold_s: float = 0.0,
+        appearance: bool = True,
     ) -> None:
         if not (math.isfinite(hold_s) and 0.0 <= hold_s <= MAX_HOLD_S):
             raise ConfigError(f"hold_s must be in [0, {MAX_HOLD_S:g}] seconds, got {hold_s!r}")
@@ -135,12 +142,18 @@ class RigTracker:
         self.fusion = RigFusion(cameras, fusion)
         self.on_step = on_step
         self.hold_s = hold_s
+        self.appearance = appearance
         self._held: list[_Held] = []
         self._step_s = -math.inf  # the time of the last rig step given to on_step
         self._answered: dict[tuple[str, int], float] = {}  # (camera, frame) -> time (`overdue`)
         self._period: dict[str, float] = {}  # each camera's latest frame interval
         self.track_ns = 0  # time spent in the stage (tracking, placing, fusing)
         self.frames = 0
+
+    @property
+    def wants_images(self) -> bool:
+        """Whether the stage reads the original pixels of the frames the model saw."""
+        return self.appearance
 
     def _time(self, result: FrameResult) -> float:
         """The frame's time in seconds, strictly after its camera's previous frame's (a
@@ -235,12 +248,21 @@ class RigTracker:
     def _boxes(self, result: FrameResult, t_s: float) -> CameraBoxes:
         """A frame's boxes as the tracker takes them, at `t_s`."""
         det = result.detections
+        xyxy = np.asarray(det.xyxy, np.float64)
+        scores = np.asarray(det.scores, np.float64)
+        image = result.original_bgr if self.appearance and not det.predicted else None
+        features = None
+        if image is not None:  # (the boxes the tracker ignores are not read)
+            used = (scores >= self.params.low_score).nonzero()[0]
+            features = np.zeros((len(scores), DIM), np.float32)
+            features[used] = box_features(image, xyxy[used])
         return CameraBoxes(
             self._keys.setdefault(result.camera, len(self._keys)),
-            np.asarray(det.xyxy, np.float64),
-            np.asarray(det.scores, np.float64),
+            xyxy,
+            scores,
             np.asarray(det.labels),
             t_s,
+            features,
         )
 
     def _late(self, results: list[FrameResult]) -> list[FrameResult]:
@@ -255,7 +277,9 @@ class RigTracker:
             if not r.detections.predicted:
                 boxes = self._boxes(r, t_s)
                 last = self._tracker.last_update_s(boxes.camera)  # (a repeated stamp: on)
-                late.append(boxes if last is None or t_s > last else self._boxes(r, last + 1e-6))
+                late.append(
+                    boxes if last is None or t_s > last else replace(boxes, t_s=last + 1e-6)
+                )
         if late:
             self._track(late)
         return [r for r in results if not any(r is x for x in answered)]

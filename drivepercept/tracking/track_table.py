@@ -26,6 +26,8 @@ class CameraBoxes:
         scores: `(N,)` their scores.
         labels: `(N,)` their class indices.
         t_s: the frame's time in seconds, later than the camera's previous frame's.
+        features: `(N, D)` each box's appearance (unit vectors, `appearance.box_features`;
+            a row of zeros: none), or None: boxes alone.
     """
 
     camera: int
@@ -33,11 +35,12 @@ class CameraBoxes:
     scores: FloatArray
     labels: IntArray
     t_s: float
+    features: npt.NDArray[np.float32] | None = None
 
 
 _COLUMNS = (
     *("cams", "mean", "cov", "ids", "labels", "hits", "first_s", "last_s", "lost", "box"),
-    "score",
+    *("score", "feature"),
 )
 
 
@@ -57,6 +60,8 @@ class TrackTable:
         self.lost = np.zeros(0, np.bool_)
         self.box = np.zeros((0, 4))  # the latest box it took, xyxy (its last observation)
         self.score = np.zeros(0)  # that box's score
+        # its appearance: a running mean of its boxes' features (unit vector; zeros: none)
+        self.feature = np.zeros((0, 0), np.float32)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -71,10 +76,14 @@ class TrackTable:
         t_s: FloatArray,
         box: FloatArray,
         score: FloatArray,
+        feature: npt.NDArray[np.float32] | None = None,
     ) -> None:
         n = len(ids)
         hits, lost = np.ones(n, np.int64), np.zeros(n, np.bool_)
-        new = (cams, mean, cov, ids, labels, hits, t_s, t_s, lost, box, score)
+        if feature is None:
+            feature = np.zeros((n, self.feature.shape[1]), np.float32)
+        self.widen_features(feature.shape[1])
+        new = (cams, mean, cov, ids, labels, hits, t_s, t_s, lost, box, score, feature)
         for name, rows in zip(_COLUMNS, new, strict=True):
             setattr(self, name, np.concatenate([getattr(self, name), rows]))
 
@@ -83,6 +92,18 @@ class TrackTable:
         velocities = xyxy_velocities(self.mean[rows])
         velocities[self.hits[rows] < 2] = np.nan
         return velocities
+
+    def widen_features(self, dim: int) -> None:
+        """Make the feature column `dim` wide (from none: zeros, no appearance yet).
+
+        Raises:
+            ValueError: a width other than the one the tracks already have.
+        """
+        have = self.feature.shape[1]
+        if dim and not have:
+            self.feature = np.zeros((len(self), dim), np.float32)
+        elif dim and dim != have:
+            raise ValueError(f"features must have {have} columns, got {dim}")
 
     def keep(self, mask: BoolArray) -> None:
         for name in _COLUMNS:

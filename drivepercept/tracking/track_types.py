@@ -43,6 +43,24 @@ class TrackParams:
         recover_buffer: lost tracks are found again on boxes widened by this fraction of
             their size on each side, the track's box the better of its prediction and its
             last box moved on (OC-SORT's observation-centric recovery); 0: not at all.
+        new_track_overlap: a box covering a box of its frame that a track took (IoU above
+            this) starts no track (the detector's second class for one object); 1: any may.
+
+    Appearance (boxes with features, `appearance.box_features`; a tracker given none
+    tracks by motion alone and these do nothing):
+        appearance_gate: a box never joins a track that looks more unlike it than this
+            (cosine distance of their features, 0 to 2).
+        appearance_weight: in the first association, pairs that overlap at least
+            `match_iou` gain this times how alike they look (1 alike, 0 at the gate).
+        appearance_momentum: a track's appearance is this much its own, the rest its
+            newest high-score box's (0: only the newest).
+        recognise_distance: a lost track is known again (its looks, not its motion) by a
+            high-score box left over that looks at most this unlike it ...
+        recognise_buffer: ... lands within reach (both boxes widened by this much of their
+            size on each side overlap; 0: not at all) ...
+        recognise_area_ratio: ... and is of like size (areas within this factor).
+        recognise_lost_s: how long a lost track with an appearance is kept to be known
+            again (at least `lost_s`; past `lost_s` only its looks find it).
     """
 
     high_score: float = 0.5
@@ -57,6 +75,14 @@ class TrackParams:
     class_aware: bool = True
     recover_iou: float = 0.25
     recover_buffer: float = 1.5
+    new_track_overlap: float = 0.7
+    appearance_gate: float = 0.2
+    appearance_weight: float = 0.3
+    appearance_momentum: float = 0.9
+    recognise_distance: float = 0.1
+    recognise_buffer: float = 8.0
+    recognise_area_ratio: float = 4.0
+    recognise_lost_s: float = 3.0
 
     def __post_init__(self) -> None:
         high = self.high_score
@@ -71,6 +97,14 @@ class TrackParams:
             "lost_s": (0.0, math.inf, True, ">= 0 seconds"),
             "recover_iou": (0.0, 1.0, False, "in (0, 1]"),
             "recover_buffer": (0.0, 10.0, True, "in [0, 10]"),
+            "new_track_overlap": (0.0, 1.0, False, "in (0, 1]"),
+            "appearance_gate": (0.0, 2.0, False, "in (0, 2]"),
+            "appearance_weight": (0.0, 10.0, True, "in [0, 10]"),
+            "appearance_momentum": (0.0, 1.0, True, "in [0, 1]"),
+            "recognise_distance": (0.0, 2.0, False, "in (0, 2]"),
+            "recognise_buffer": (0.0, 100.0, True, "in [0, 100]"),
+            "recognise_area_ratio": (1.0, math.inf, True, ">= 1"),
+            "recognise_lost_s": (0.0, math.inf, True, ">= 0 seconds"),
         }
         for name, (least, most, closed, said) in ranges.items():
             value = getattr(self, name)

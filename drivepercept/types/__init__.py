@@ -149,7 +149,8 @@ class CameraSnapshot:
 class FrameMeta:
     """A frame's identity and host timestamps: made once by its decoder thread and carried
     unchanged (but for `queued_ns`, set when it enters its queue) inside `Frame`, `Batch`
-    and `FrameResult`. `original_bgr` is kept only when annotated video is wanted."""
+    and `FrameResult`. `original_bgr` is kept only when annotated video is wanted, or (for
+    the frames the model sees, until the tracking stage has read them) the boxes' looks."""
 
     camera: str
     camera_index: int

@@ -20,7 +20,9 @@ import numpy.typing as npt
 
 from _bench_trackers.inputs import Drive, Line, by_camera
 from drivepercept.eval.tracking import box_iou, match
-from drivepercept.tracking.bytetrack import CameraTracker, TrackParams
+from drivepercept.tracking.appearance import DIM, box_features
+from drivepercept.tracking.bytetrack import TrackParams
+from drivepercept.tracking.camera_tracker import CameraTracker
 
 IntArray = npt.NDArray[np.int64]
 INDEX_KEY = "bench_index"  # the input box's index, carried through sv.Detections.data
@@ -357,24 +359,46 @@ def _peer_ids(result: Any, boxes: np.ndarray) -> tuple[IntArray, bool]:
 
 def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracked:
     """Our `CameraTracker` again, each camera alone, on the run's boxes (timed here like the
-    peers; its ids should be the run's own when the tracker has not changed since)."""
+    peers; its ids should be the run's own when the tracker has not changed since). Its
+    boxes' looks are read from the camera's video where the drive has it, as the run read
+    them from the frames it decoded (the time to read them is not in the tracker's time)."""
     out: list[Line] = []
     frame_ns: list[int] = []
+    looked = 0
     for cam, cam_lines in by_camera(lines).items():
         tracker = CameraTracker(params)
         fps = drive.fps.get(cam, 15.0)
-        for line in cam_lines:
-            boxes, scores, labels = frame_arrays(line)
-            t_s = float(line.get("pts_s", int(line["frame_index"]) / fps))
-            t0 = time.perf_counter_ns()
-            update = tracker.update(boxes, scores, labels, t_s)
-            frame_ns.append(time.perf_counter_ns() - t0)
-            out.append(relabelled(line, update.track_ids.tolist()))
+        video = drive.videos.get(cam)
+        frames = VideoFrames(video) if video is not None and video.is_file() else None
+        try:
+            for line in cam_lines:
+                boxes, scores, labels = frame_arrays(line)
+                t_s = float(line.get("pts_s", int(line["frame_index"]) / fps))
+                image = frames.at(int(line["frame_index"])) if frames is not None else None
+                features = None
+                if image is not None:
+                    features = np.zeros((len(scores), DIM), np.float32)
+                    used = scores >= params.low_score  # (as the tracking stage reads them)
+                    features[used] = box_features(image, boxes[used])
+                    looked += 1
+                t0 = time.perf_counter_ns()
+                update = tracker.update(boxes, scores, labels, t_s, features)
+                frame_ns.append(time.perf_counter_ns() - t0)
+                out.append(relabelled(line, update.track_ids.tolist()))
+        finally:
+            if frames is not None:
+                frames.close()
+    notes = ["today's tracker code on the run's boxes, per camera, no cross-camera fusion"]
+    notes.append(
+        f"looks read from the drive's videos for {looked} of {len(out)} frames"
+        if looked
+        else "no videos: motion alone (the run had the looks)"
+    )
     return Tracked(
         name="ours, CameraTracker re-run",
         lines=out,
         settings=dict(vars(params)),
-        notes=("today's tracker code on the run's boxes, per camera, no cross-camera fusion",),
+        notes=tuple(notes),
         frame_ns=tuple(frame_ns),
     )
 

@@ -1,0 +1,116 @@
+"""What a box looks like, as a small vector the tracker can compare: the colours inside it.
+
+A motion-only tracker cannot tell two objects apart where their boxes meet (a pedestrian
+walking past a parked car's box, two cars crossing) and cannot know an object again after
+it was hidden for a second; both were most of its identity switches. Each box's colours are
+cheap to read from the frame the model already decoded, and they differ between most pairs
+of objects and change little along one object's track. On the crossing drives' boxes (IoU >=
+0.5 to one object, score >= 0.5, pairs 0.2-2 s apart) a cosine distance of 0.2 kept 97.5-99 %
+of same-object pairs and separated 84-94 % of different-object pairs.
+
+`box_features` gives, per box, two stacked halves (top and bottom: a pedestrian's shirt and
+trousers, a truck's cab and box), each a histogram of the inner part of the box (15 % cut
+from each side, 10 % from top and bottom: less background) resized to 8 x 16 pixels: 12 hue
+bins weighted by saturation, 4 brightness bins weighted by its lack (grey, black and white
+have no hue), each half normalised, square-rooted (Hellinger) and the whole made a unit
+vector. A box too small to read (under 2 pixels inside) gets a row of zeros: no appearance.
+No learned weights: nothing to download, and the same on any frame source.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+Features = npt.NDArray[np.float32]
+ImageU8 = npt.NDArray[np.uint8]
+
+HUE_BINS = 12
+VALUE_BINS = 4
+BANDS = 2  # horizontal bands, top to bottom
+CROP_W, CROP_H = 8, 16  # each box is read at this size
+SIDE_CUT, END_CUT = 0.15, 0.10  # of the box's width and height, cut from each side
+DIM = BANDS * (HUE_BINS + VALUE_BINS)
+MAX_BOXES = 4096  # boxes read per frame at most (the others get no appearance)
+_BAND = (np.arange(CROP_H) * BANDS // CROP_H)[:, None].repeat(CROP_W, axis=1).ravel()
+
+
+def box_features(image_bgr: ImageU8, xyxy: FloatArray) -> Features:
+    """`(N, DIM)` the colour features of boxes `(N, 4)` (xyxy, pixels of `image_bgr`),
+    unit rows; zeros for a box that is not finite or has under 2 pixels inside the image.
+
+    Raises:
+        ValueError: an image that is not (H, W, 3) uint8, or boxes not (N, 4).
+    """
+    image = np.asarray(image_bgr)
+    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise ValueError(f"image must be (H, W, 3) uint8, got {image.dtype} {image.shape}")
+    boxes = np.asarray(xyxy, np.float64)
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        raise ValueError(f"boxes must have shape (N, 4), got {boxes.shape}")
+    n = len(boxes)
+    out = np.zeros((n, DIM), np.float32)
+    height, width = image.shape[:2]
+    with np.errstate(invalid="ignore"):
+        size = boxes[:, 2:] - boxes[:, :2]
+        inner = np.concatenate(
+            [
+                boxes[:, :2] + size * (SIDE_CUT, END_CUT),
+                boxes[:, 2:] - size * (SIDE_CUT, END_CUT),
+            ],
+            axis=1,
+        )
+        inner = np.nan_to_num(inner, nan=-1.0, posinf=-1.0, neginf=-1.0)
+    x1 = np.clip(inner[:, 0], 0, width).astype(np.int64)
+    x2 = np.clip(inner[:, 2], 0, width).astype(np.int64)
+    y1 = np.clip(inner[:, 1], 0, height).astype(np.int64)
+    y2 = np.clip(inner[:, 3], 0, height).astype(np.int64)
+    readable = np.isfinite(boxes).all(axis=1) & (x2 - x1 >= 2) & (y2 - y1 >= 2)
+    rows = readable.nonzero()[0][:MAX_BOXES]
+    if not len(rows):
+        return out
+    crops = np.empty((len(rows), CROP_H, CROP_W, 3), np.uint8)
+    for k, r in enumerate(rows.tolist()):
+        crops[k] = cv2.resize(
+            image[y1[r] : y2[r], x1[r] : x2[r]], (CROP_W, CROP_H), interpolation=cv2.INTER_AREA
+        )
+    hsv = cv2.cvtColor(crops.reshape(-1, CROP_W, 3), cv2.COLOR_BGR2HSV)
+    hsv = hsv.reshape(len(rows), CROP_H * CROP_W, 3)
+    hue = np.minimum(hsv[..., 0].astype(np.int64) * HUE_BINS // 180, HUE_BINS - 1)
+    saturation = hsv[..., 1].astype(np.float32) / 255.0
+    value = np.minimum(hsv[..., 2].astype(np.int64) * VALUE_BINS // 256, VALUE_BINS - 1)
+    bins = HUE_BINS + VALUE_BINS
+    base = (np.arange(len(rows))[:, None] * BANDS + _BAND[None, :]) * bins
+    index = np.concatenate([(base + hue).ravel(), (base + HUE_BINS + value).ravel()])
+    weight = np.concatenate([saturation.ravel(), (1.0 - saturation).ravel()])
+    hist = np.bincount(index, weights=weight, minlength=len(rows) * BANDS * bins).astype(float)
+    hist = hist.reshape(len(rows), BANDS, bins)
+    hist /= np.maximum(hist.sum(axis=2, keepdims=True), 1e-12)
+    flat = np.sqrt(hist).reshape(len(rows), DIM)
+    flat /= np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-12)
+    out[rows] = flat
+    return out
+
+
+def has_features(features: Features) -> npt.NDArray[np.bool_]:
+    """`(K,)` which rows hold a feature (not all zeros)."""
+    return np.asarray(features.any(axis=1), np.bool_)
+
+
+def feature_distance(tracks: Features, boxes: Features) -> FloatArray:
+    """`(T, N)` how unlike tracks' and boxes' features look (cosine distance, 0 to 2);
+    0 where either has none (a row of zeros): nothing is known against the pair."""
+    has = has_features(tracks)[:, None] & has_features(boxes)[None, :]
+    out: FloatArray = np.where(has, 1.0 - tracks @ boxes.T, 0.0).astype(np.float64)
+    return out
+
+
+def blend(old: Features, new: Features, momentum: float) -> Features:
+    """Running appearances `old` `(K, D)` that take in `new` `(K, D)`: `momentum` of the old
+    and the rest of the new, made unit again; a row with no appearance yet becomes the new."""
+    blank = ~has_features(old)[:, None]
+    mixed = np.where(blank, new, momentum * old + (1.0 - momentum) * new)
+    out: Features = mixed / np.maximum(np.linalg.norm(mixed, axis=1, keepdims=True), 1e-12)
+    return out.astype(np.float32)
