@@ -345,3 +345,57 @@ def test_a_step_older_than_an_objects_last_place_does_not_move_it_back() -> None
     # have been dropped as unseen for 1.85 s)
     _, objects = fusion.step(1.95, seen(16.0 + 8.0 * 1.45, track=9))
     assert [o.id for o in objects] == [before.id]
+
+
+def _look(*weights: float) -> np.ndarray:
+    v = np.array(weights, np.float32)
+    out: np.ndarray = v / np.linalg.norm(v)
+    return out
+
+
+RED, BLUE = _look(1, 0.1, 0), _look(0, 0.1, 1)
+
+
+def test_a_far_pedestrian_placed_far_too_far_joins_by_looks() -> None:
+    """Issue 44: a pedestrian at 40 m whose feet `front` does not see is placed 15 m farther
+    along its line of sight than `front_left` places it; beyond the gate for places alone
+    (7.3 m there), within three gates for a sighting that looks like the object. A person
+    who looks different there is not joined."""
+    near = (40.0 * math.cos(0.6), 40.0 * math.sin(0.6))
+    far = (55.0 * math.cos(0.6), 55.0 * math.sin(0.6))
+
+    def links(front_look: np.ndarray | None) -> tuple[int, int]:
+        fusion = RigFusion(_cams())
+        for k in range(5):
+            got, _ = fusion.step(k / 10, [
+                Observation("front_left", 1, "pedestrian", (0, 0, 1, 1), near, look=RED),
+                Observation("front", 2, "pedestrian", (0, 0, 1, 1), far, look=front_look),
+            ])  # fmt: skip
+        return got[("front_left", 1)], got[("front", 2)]
+
+    a, b = links(RED)
+    assert a == b
+    a, b = links(BLUE)
+    assert a != b
+    a, b = links(None)  # looks not known: places alone
+    assert a != b
+
+
+def test_a_sighting_that_looks_unlike_an_object_does_not_join_it() -> None:
+    """Two cars 1 m apart along one line of sight, red and blue: by places alone front
+    could join either; by looks each joins its own, step after step."""
+    fusion = RigFusion(_cams())
+    for k in range(5):
+        got, _ = fusion.step(k / 10, [
+            Observation("front_left", 1, "car", (0, 0, 1, 1), (20.0, 8.0), look=RED),
+            Observation("front_right", 2, "car", (0, 0, 1, 1), (20.0, -8.0), look=BLUE),
+            Observation("front", 3, "car", (0, 0, 1, 1), (20.3, -7.9), look=RED),
+        ])  # fmt: skip
+        assert got[("front", 3)] != got[("front_right", 2)]
+
+
+def test_look_settings_out_of_range_are_refused() -> None:
+    with pytest.raises(ConfigError, match="look_gate must be in"):
+        FusionParams(look_gate=0.0)
+    with pytest.raises(ConfigError, match="look_reach must be >= 1"):
+        FusionParams(look_reach=0.5)

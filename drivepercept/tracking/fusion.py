@@ -19,6 +19,12 @@ object and share a global id, held over time:
    the other cameras' places, step after step) change over;
 5. two objects that different cameras see at one place, step after step, are one.
 
+Where the sightings carry their looks (the tracking stage reads each box's colours from its
+frame, `appearance`), each object keeps a running mean of them: a sighting never joins,
+stays with or merges into an object that looks unlike it, and one that looks alike may be
+`look_reach` gates away along its line of sight (a far pedestrian whose feet one camera
+does not see is placed 10-25 m too far; most of the split sightings on the crossing drives).
+
 Places are compared at one time: a step's frames can be a few frames apart (each camera's
 decoder runs at its own pace), so an object's place is moved by its speed to each sighting's
 frame time, and its place for the step is the mean of its sightings' places moved to the
@@ -42,8 +48,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
-from drivepercept.errors import ConfigError
 from drivepercept.rig import CameraConfig
+from drivepercept.tracking.fusion_params import FusionParams as FusionParams  # (its API)
 from drivepercept.tracking.ground import GroundPlacer
 from drivepercept.tracking.places import (
     MAX_BACK_S,
@@ -67,59 +73,8 @@ FloatArray = npt.NDArray[np.float64]
 ROUGH_GATE = 2.5
 # a link holds while its place stays within this many gates of its object's other sightings
 KEEP_GATES = 3.0
-
-
-@dataclass(frozen=True)
-class FusionParams:
-    """How tracks are joined across cameras (see the module docstring).
-
-    Attributes:
-        gate_m: the largest distance between two places of one object near the vehicle,
-            along the line of sight (where a place is least sure: it comes from one pixel
-            row of the box's bottom).
-        gate_per_m: more per metre of range (ground placement error grows with range).
-        lateral_m, lateral_per_m: the same across the line of sight, where a place is sure
-            (its bearing is the box's centre column): at 30 m, 1.6 m across against 6.1 m
-            along. Two sightings of one object in two cameras differ mostly in range (on
-            the simulated crossing drives, pedestrians at 20-30 m: 1.1 m along, 0.2 m
-            across, medians), so a neighbour beside it is not taken for it.
-        keep_s: how long an object no camera sees is kept for a hand-over.
-        max_range_m: places farther than this are not used (a pixel spans metres there).
-        merge_m, merge_steps: two objects seen by different cameras within `merge_m` (plus
-            3 % of their range) of each other for `merge_steps` steps in a row are one.
-        swap_gain, swap_steps: two tracks of one camera whose objects fit each other better
-            (distances swapped under `swap_gain` of those held; 0: never) for `swap_steps`
-            steps in a row change objects.
-    """
-
-    gate_m: float = 2.5
-    gate_per_m: float = 0.12
-    lateral_m: float = 1.0
-    lateral_per_m: float = 0.02
-    keep_s: float = 1.5
-    max_range_m: float = 80.0
-    merge_m: float = 1.5
-    merge_steps: int = 3
-    swap_gain: float = 0.7
-    swap_steps: int = 3
-
-    def __post_init__(self) -> None:
-        for name in ("gate_m", "keep_s", "max_range_m"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"fusion {name} must be > 0, got {value!r}")
-        if not (math.isfinite(self.lateral_m) and self.lateral_m > 0):
-            raise ConfigError(f"fusion lateral_m must be > 0, got {self.lateral_m!r}")
-        for name in ("gate_per_m", "lateral_per_m"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"fusion {name} must be >= 0, got {value!r}")
-        if not (0.0 <= self.swap_gain <= 1.0):
-            raise ConfigError(f"fusion swap_gain must be in [0, 1], got {self.swap_gain!r}")
-        for name in ("merge_steps", "swap_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"fusion {name} must be an integer >= 1, got {value!r}")
+LOOK_MOMENTUM = 0.9  # an object's looks: this much its own, the rest its sightings' now
+Features = npt.NDArray[np.float32]
 
 
 @dataclass
@@ -132,6 +87,7 @@ class _Object:
     seen_by: set[str] = field(default_factory=set)
     rough: bool = False  # its place came from boxes cut by the image's side only
     fit: SpeedFit = field(default_factory=lambda: SpeedFit())  # its speed
+    look: Features | None = None  # a running mean of its sightings' looks
 
     @property
     def velocity(self) -> Place | None:
@@ -166,19 +122,25 @@ def _axes(params: FusionParams, xy: Place) -> tuple[float, float, float, float]:
     return along, min(along, params.lateral_m + params.lateral_per_m * r), xy[0] / r, xy[1] / r
 
 
-def _apart(params: FusionParams, a: Place, b: Place) -> float:
-    """How far place `b` is from sighting `a`, in gates (`_axes` at `a`): 1 is the gate's
-    edge. Plain floats: it runs once per linked sighting a step."""
+def _apart(params: FusionParams, a: Place, b: Place, reach: float = 1.0) -> float:
+    """How far place `b` is from sighting `a`, in gates (`_axes` at `a`, its length along
+    the line of sight times `reach`): 1 is the gate's edge. Plain floats: it runs once per
+    linked sighting a step."""
     along, across, ux, uy = _axes(params, a)
+    along *= reach
     dx, dy = b[0] - a[0], b[1] - a[1]
     return math.hypot((dx * ux + dy * uy) / along, (dx * uy - dy * ux) / across)
 
 
-def _apart_many(params: FusionParams, xy: Place, places: FloatArray) -> FloatArray:
-    """`_apart` of each of `places` (K, 2) from sighting `xy`: (K,)."""
+def _apart_many(
+    params: FusionParams, xy: Place, places: FloatArray, reach: FloatArray | float = 1.0
+) -> FloatArray:
+    """`_apart` of each of `places` (K, 2) from sighting `xy`: (K,) (`reach`: one, or one
+    per place)."""
     along, across, ux, uy = _axes(params, xy)
+    length = along * np.asarray(reach, np.float64)
     dx, dy = places[:, 0] - xy[0], places[:, 1] - xy[1]
-    out: FloatArray = np.hypot((dx * ux + dy * uy) / along, (dx * uy - dy * ux) / across)
+    out: FloatArray = np.hypot((dx * ux + dy * uy) / length, (dx * uy - dy * ux) / across)
     return out
 
 
@@ -257,7 +219,22 @@ class RigFusion:
             or _kind(obj.class_name) != _kind(obs.class_name)
         ):
             return False
-        return _apart(self.params, obs.xy, self._where(gid, now, time_of(obs, t_s))) <= KEEP_GATES
+        if self._looks(obj.look, obs.look) > self.params.look_gate:
+            return False
+        reach = self._reach(obj.look, obs.look)
+        where = self._where(gid, now, time_of(obs, t_s))
+        return _apart(self.params, obs.xy, where, reach) <= KEEP_GATES
+
+    @staticmethod
+    def _looks(a: Features | None, b: Features | None) -> float:
+        """How unlike two looks are (cosine distance); 0 where either is not known."""
+        return 0.0 if a is None or b is None else float(1.0 - a @ b)
+
+    def _reach(self, a: Features | None, b: Features | None) -> float:
+        """The gate's length along the line of sight, in gates: `look_reach` for two that
+        look alike, else 1."""
+        alike = a is not None and b is not None and self._looks(a, b) <= self.params.look_match
+        return self.params.look_reach if alike else 1.0
 
     def _match(
         self,
@@ -273,16 +250,28 @@ class RigFusion:
             places = np.array([self._where(gid, now, t_frame) for gid in candidates])
             kinds = np.array([_kind(self._objects[gid].class_name) for gid in candidates])
             rough = np.array([self._rough(gid, now) for gid in candidates])
+            looks = [self._objects[gid].look for gid in candidates]
+            known = np.array([look is not None for look in looks])
+            dim = next((len(look) for look in looks if look is not None), 0)
+            stack = np.array([look if look is not None else np.zeros(dim) for look in looks])
             for i, obs in enumerate(group):
+                # its looks against each object's (0: either not known): never one too
+                # unlike it; one alike may be farther along its line of sight
+                unlike = np.zeros(len(candidates))
+                if obs.look is not None and known.any():
+                    unlike = np.where(known, 1.0 - stack @ obs.look, 0.0)
+                alike = known & (unlike <= self.params.look_match) & (obs.look is not None)
+                reach = np.where(alike, self.params.look_reach, 1.0)
                 x, y = obs.xy
                 # a place from a box cut by the image's side: its bearing is off too (round)
                 round_gate = _gate(self.params, obs.xy) * ROUGH_GATE
                 d = np.where(
                     rough | obs.truncated,
                     np.hypot(places[:, 0] - x, places[:, 1] - y) / round_gate,
-                    _apart_many(self.params, obs.xy, places),
+                    _apart_many(self.params, obs.xy, places, reach),
                 )
                 ok = (d <= 1.0) & (kinds == _kind(obs.class_name))
+                ok &= unlike <= self.params.look_gate
                 cost[i, ok] = d[ok]
         matched: dict[int, int] = {}
         if len(candidates) and len(group):
@@ -349,7 +338,13 @@ class RigFusion:
                     continue
                 ox, oy = places[other]
                 wide = ROUGH_GATE if rough[gid] or rough[other] else 1.0
-                if math.hypot(x - ox, y - oy) <= reach * wide:
+                a, b = self._objects[gid].look, self._objects[other].look
+                if self._looks(a, b) > self.params.look_gate:
+                    continue  # two that look unlike each other are two
+                alike = self._reach(a, b) > 1.0
+                if math.hypot(x - ox, y - oy) <= reach * wide or (
+                    alike and _apart(self.params, (x, y), (ox, oy), self.params.look_reach) <= 1.0
+                ):
                     close[(gid, other)] = self._close.get((gid, other), 0) + 1
         self._close = close
         for (gid, other), steps in sorted(close.items()):
@@ -368,7 +363,7 @@ class RigFusion:
         gid = self._next_id
         self._next_id += 1
         self.objects_made += 1
-        self._objects[gid] = _Object(gid, obs.class_name, obs.xy, time_of(obs, t_s))
+        self._objects[gid] = _Object(gid, obs.class_name, obs.xy, time_of(obs, t_s), look=obs.look)
         return gid
 
     def _update(self, gid: int, group: Sequence[Observation], t_s: float) -> RigObject:
@@ -381,6 +376,13 @@ class RigFusion:
             obj.xy, obj.t_s = xy, t_s
         obj.placed += 1
         obj.rough = all(o.truncated for o in group)
+        seen = [o.look for o in group if o.look is not None]
+        if seen:
+            look = np.mean(seen, axis=0)
+            look = look / max(float(np.linalg.norm(look)), 1e-12)
+            m = LOOK_MOMENTUM
+            obj.look = look if obj.look is None else m * obj.look + (1.0 - m) * look
+            obj.look = obj.look / max(float(np.linalg.norm(obj.look)), 1e-12)
         if len(group) > 1:  # the class most of its sightings say
             names = [o.class_name for o in group]
             obj.class_name = max(names, key=names.count)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +29,8 @@ class Observation:
     xy: tuple[float, float]
     truncated: bool = False  # cut by the image's side: a rougher place
     t_s: float | None = None  # its frame's time (None: the step's)
+    # what its box looks like (`appearance.box_features`, a unit vector; None: not known)
+    look: npt.NDArray[np.float32] | None = field(default=None, compare=False, repr=False)
 
 
 Place = tuple[float, float]  # ego x, y (m); plain floats: the fusion's work is per object

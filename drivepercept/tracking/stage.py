@@ -390,6 +390,7 @@ class RigTracker:
         ids: list[int] = []
         widths: list[int] = []
         times: list[float] = []
+        looks: list[npt.NDArray[np.float32] | None] = []
         for result, frame, update in zip(results, frames, updates, strict=True):
             keep = (update.track_ids >= 0).nonzero()[0]
             if not len(keep):
@@ -403,17 +404,22 @@ class RigTracker:
             ids += update.track_ids[keep].tolist()
             widths += [size[0]] * len(keep)
             times += [frame.t_s] * len(keep)
+            seen = frame.features[keep] if frame.features is not None else None
+            looks += [None] * len(keep) if seen is None else [f if f.any() else None for f in seen]
         if not kept:
             return []
         xy = np.concatenate(self.fusion.ground.place_all(kept))
         boxes = np.concatenate([k[1] for k in kept])
         cut: list[bool] = cut_by_side(boxes, np.array(widths, np.float64)).tolist()
         placed: list[bool] = np.isfinite(xy).all(axis=1).astype(np.bool_).tolist()
+        rows = zip(
+            cameras, ids, names, boxes.tolist(), xy.tolist(), cut, times, looks, placed, strict=True
+        )
         return [
-            Observation(camera, track, name, (box[0], box[1], box[2], box[3]), (x, y), cut_, t)
-            for camera, track, name, box, (x, y), cut_, t, ok in zip(
-                cameras, ids, names, boxes.tolist(), xy.tolist(), cut, times, placed, strict=True
+            Observation(
+                camera, track, name, (box[0], box[1], box[2], box[3]), (x, y), cut_, t, look
             )
+            for camera, track, name, box, (x, y), cut_, t, look, ok in rows
             if ok
         ]
 
