@@ -10,8 +10,9 @@ of same-object pairs and separated 84-94 % of different-object pairs.
 
 `box_features` gives, per box, two stacked halves (top and bottom: a pedestrian's shirt and
 trousers, a truck's cab and box), each a histogram of the inner part of the box (15 % cut
-from each side, 10 % from top and bottom: less background) resized to 8 x 16 pixels: 12 hue
-bins weighted by saturation, 4 brightness bins weighted by its lack (grey, black and white
+from each side, 10 % from top and bottom: less background) read as 8 x 16 cells, each the
+mean of 2 x 2 points of a grid over it (all boxes in one gather): 12 hue bins weighted by
+saturation, 4 brightness bins weighted by its lack (grey, black and white
 have no hue), each half normalised, square-rooted (Hellinger) and the whole made a unit
 vector. A box too small to read (under 2 pixels inside) gets a row of zeros: no appearance.
 No learned weights: nothing to download, and the same on any frame source.
@@ -30,7 +31,8 @@ ImageU8 = npt.NDArray[np.uint8]
 HUE_BINS = 12
 VALUE_BINS = 4
 BANDS = 2  # horizontal bands, top to bottom
-CROP_W, CROP_H = 8, 16  # each box is read at this size
+CROP_W, CROP_H = 8, 16  # each box is read as this many cells (a grid over its inside) ...
+SAMPLES = 2  # ... each the mean of SAMPLES x SAMPLES points
 SIDE_CUT, END_CUT = 0.15, 0.10  # of the box's width and height, cut from each side
 DIM = BANDS * (HUE_BINS + VALUE_BINS)
 MAX_BOXES = 4096  # boxes read per frame at most (the others get no appearance)
@@ -71,11 +73,19 @@ def box_features(image_bgr: ImageU8, xyxy: FloatArray) -> Features:
     rows = readable.nonzero()[0][:MAX_BOXES]
     if not len(rows):
         return out
-    crops = np.empty((len(rows), CROP_H, CROP_W, 3), np.uint8)
-    for k, r in enumerate(rows.tolist()):
-        crops[k] = cv2.resize(
-            image[y1[r] : y2[r], x1[r] : x2[r]], (CROP_W, CROP_H), interpolation=cv2.INTER_AREA
-        )
+    # every box read at once: a grid of SAMPLES x SAMPLES points a cell over its inner part
+    # gathered in one call, each cell their mean (one resize of the stacked grids; a resize
+    # of each box's pixels cost 12 us a box)
+    wide, tall = CROP_W * SAMPLES, CROP_H * SAMPLES
+    xs = x1[rows, None] + ((np.arange(wide) + 0.5) / wide)[None, :] * (x2 - x1)[rows, None]
+    ys = y1[rows, None] + ((np.arange(tall) + 0.5) / tall)[None, :] * (y2 - y1)[rows, None]
+    index = ys.astype(np.int64)[:, :, None] * width + xs.astype(np.int64)[:, None, :]
+    grid = np.take(np.ascontiguousarray(image).reshape(-1, 3), index, axis=0)
+    crops = cv2.resize(
+        grid.reshape(len(rows) * tall, wide, 3),
+        (CROP_W, len(rows) * CROP_H),
+        interpolation=cv2.INTER_AREA,
+    )
     hsv = cv2.cvtColor(crops.reshape(-1, CROP_W, 3), cv2.COLOR_BGR2HSV)
     hsv = hsv.reshape(len(rows), CROP_H * CROP_W, 3)
     hue = np.minimum(hsv[..., 0].astype(np.int64) * HUE_BINS // 180, HUE_BINS - 1)
