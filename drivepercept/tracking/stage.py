@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from drivepercept.errors import ConfigError
 from drivepercept.rig import CameraConfig
-from drivepercept.tracking.appearance import DIM, box_features
+from drivepercept.tracking.appearance import DIM, Features, frames_features
 from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
 from drivepercept.tracking.fusion import FusionParams, RigFusion
 from drivepercept.tracking.places import Observation, cut_by_side
@@ -245,24 +245,33 @@ class RigTracker:
             del self._answered[next(iter(self._answered))]
         return out
 
-    def _boxes(self, result: FrameResult, t_s: float) -> CameraBoxes:
-        """A frame's boxes as the tracker takes them, at `t_s`."""
+    def _looks(self, results: Sequence[FrameResult]) -> list[Features | None]:
+        """Each detected frame's boxes' looks read from its pixels (those under `low_score`:
+        not read), a batch in one pass; None: no pixels, a predicted frame, or not looking."""
+        out: list[Features | None] = [None] * len(results)
+        seen = [
+            (k, image, (np.asarray(r.detections.scores) >= self.params.low_score).nonzero()[0])
+            for k, r in enumerate(results)
+            if self.appearance
+            and not r.detections.predicted
+            and (image := r.original_bgr) is not None
+        ]
+        reads = [(image, results[k].detections.xyxy[used]) for k, image, used in seen]
+        for (k, _, used), read in zip(seen, frames_features(reads) if reads else [], strict=True):
+            out[k] = looks = np.zeros((len(results[k].detections), DIM), np.float32)
+            looks[used] = read
+        return out
+
+    def _boxes(self, result: FrameResult, t_s: float, looks: Features | None) -> CameraBoxes:
+        """A frame's boxes as the tracker takes them, at `t_s`, with their `looks`."""
         det = result.detections
-        xyxy = np.asarray(det.xyxy, np.float64)
-        scores = np.asarray(det.scores, np.float64)
-        image = result.original_bgr if self.appearance and not det.predicted else None
-        features = None
-        if image is not None:  # (the boxes the tracker ignores are not read)
-            used = (scores >= self.params.low_score).nonzero()[0]
-            features = np.zeros((len(scores), DIM), np.float32)
-            features[used] = box_features(image, xyxy[used])
         return CameraBoxes(
             self._keys.setdefault(result.camera, len(self._keys)),
-            xyxy,
-            scores,
+            np.asarray(det.xyxy, np.float64),
+            np.asarray(det.scores, np.float64),
             np.asarray(det.labels),
             t_s,
-            features,
+            looks,
         )
 
     def _late(self, results: list[FrameResult]) -> list[FrameResult]:
@@ -275,7 +284,7 @@ class RigTracker:
         for r in answered:
             t_s = self._answered.pop((r.camera, r.frame_index))
             if not r.detections.predicted:
-                boxes = self._boxes(r, t_s)
+                boxes = self._boxes(r, t_s, self._looks([r])[0])
                 last = self._tracker.last_update_s(boxes.camera)  # (a repeated stamp: on)
                 late.append(
                     boxes if last is None or t_s > last else replace(boxes, t_s=last + 1e-6)
@@ -289,7 +298,8 @@ class RigTracker:
             results = self._late(results)
             if not results:
                 return []
-        frames = [self._boxes(r, self._time(r)) for r in results]
+        looks = self._looks(results)
+        frames = [self._boxes(r, self._time(r), f) for r, f in zip(results, looks, strict=True)]
         if any(r.detections.predicted for r in results):
             results, frames, updates = self._predicted(results, frames)
         else:
