@@ -159,3 +159,20 @@ def test_features_of_the_wrong_shape_are_refused() -> None:
         tracker.update(
             _box(0.0), np.array([0.9]), np.array([0]), 0.0, np.zeros((2, DIM), np.float32)
         )
+
+
+def test_a_batch_of_frames_is_read_as_each_frame_alone() -> None:
+    """The stage reads a batch's boxes in one pass (`frames_features`): the same numbers as
+    each frame alone, frames without boxes or with unreadable ones included."""
+    from drivepercept.tracking.appearance import frames_features
+
+    a = _scene(((10, 10, 60, 90), RED), ((200, 10, 250, 90), BLUE))
+    b = _scene(((300, 100, 340, 200), GREEN))
+    boxes_a = np.array([[10, 10, 60, 90], [200, 10, 250, 90], [np.nan, 0, 1, 1]], float)
+    boxes_b = np.array([[300, 100, 340, 200]], float)
+    together = frames_features([(a, boxes_a), (b, np.zeros((0, 4))), (b, boxes_b)])
+    alone = [box_features(a, boxes_a), box_features(b, np.zeros((0, 4))), box_features(b, boxes_b)]
+    assert [t.shape for t in together] == [(3, DIM), (0, DIM), (1, DIM)]
+    for t, s in zip(together, alone, strict=True):
+        assert np.array_equal(t, s)
+    assert feature_distance(together[0][:1], together[2])[0, 0] > 0.5  # red against green
