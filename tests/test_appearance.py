@@ -92,7 +92,7 @@ def _walk(
         boxes = _box(x) if x is not None else np.zeros((0, 4))
         f = look if x is not None else (None if look is None else np.zeros((0, DIM), np.float32))
         out = tracker.update(
-            boxes, np.full(len(boxes), 0.9), np.zeros(len(boxes), np.int64), k / 10, f
+            boxes, np.full(len(boxes), 0.9), np.zeros(len(boxes), np.int64), k / 10, features=f
         )
         ids += out.track_ids.tolist()
     return ids
@@ -157,7 +157,7 @@ def test_features_of_the_wrong_shape_are_refused() -> None:
     tracker = CameraTracker()
     with pytest.raises(ValueError, match="features must have shape"):
         tracker.update(
-            _box(0.0), np.array([0.9]), np.array([0]), 0.0, np.zeros((2, DIM), np.float32)
+            _box(0.0), np.array([0.9]), np.array([0]), 0.0, features=np.zeros((2, DIM), np.float32)
         )
 
 
@@ -176,3 +176,49 @@ def test_a_batch_of_frames_is_read_as_each_frame_alone() -> None:
     for t, s in zip(together, alone, strict=True):
         assert np.array_equal(t, s)
     assert feature_distance(together[0][:1], together[2])[0, 0] > 0.5  # red against green
+
+
+def test_a_box_without_looks_is_not_taken_for_one_that_looks_alike() -> None:
+    """A box whose looks are not known (no pixels, or too small to read) is neither kept
+    from a track nor known again by looks it does not have: a lost track is not handed a
+    box six widths away in a frame without features."""
+    red = _feature(RED)
+    xs: list[float | None] = [100.0 + 10 * k for k in range(8)] + [None] * 5 + [400.0]
+    looks: list[np.ndarray | None] = [red] * 13 + [None]
+    assert _walk(CameraTracker(), xs, looks)[-1] == -1  # a new track, not id 1
+
+
+def test_a_weak_box_that_looks_like_the_track_continues_it() -> None:
+    """The looks rank both passes' pairs in reach (IoU >= `match_iou`): a low-score box (an
+    object half hidden) at IoU 0.33, under the low-score pass's 0.5, continues a track it
+    looks like (0.33 + 0.3 for looking alike); one that looks only somewhat like it (a
+    darker red, 0.17 away: inside the gate) does not."""
+
+    def after(look: np.ndarray) -> list[int]:
+        red = _feature(RED)
+        tracker = CameraTracker()
+        for k in range(4):
+            out = tracker.update(_box(100.0), np.array([0.9]), np.array([0]), k / 10, features=red)
+        assert out.track_ids.tolist() == [1]
+        moved = _box(120.0)  # IoU with the track's box: 20/60 = 0.33
+        ids: list[int] = tracker.update(
+            moved, np.array([0.3]), np.array([0]), 0.4, features=look
+        ).track_ids.tolist()
+        return ids
+
+    assert after(_feature(RED)) == [1]
+    assert after(_feature((30, 30, 160))) == [-1]
+
+
+def test_a_track_kept_for_its_looks_does_not_crowd_out_a_new_one() -> None:
+    """A still object hidden for 1.7 s (past `lost_s`) comes back looking a little
+    different (0.1-0.2 from its track: not known again, not too unlike either): its new
+    track gets an id at its second box, not dropped as a duplicate of the old track that is
+    only kept to be known by its looks."""
+    red = _feature(RED)
+    shade = _feature((30, 30, 160))  # a darker red
+    d = float(feature_distance(red, shade)[0, 0])
+    assert 0.1 < d < 0.2, d  # (the scene's premise)
+    xs: list[float | None] = [100.0] * 10 + [None] * 17 + [100.0] * 6
+    ids = _walk(CameraTracker(), xs, [red] * 27 + [shade] * 6)
+    assert ids[:10] == [1] * 10 and ids[10] == -1 and ids[11:] == [2] * 5

@@ -15,7 +15,9 @@ decoded, prepared and (the pipeline's count) used.
 A frame carries its original pixels on (`FrameMeta.original_bgr`, the decoded image itself,
 not a copy) when an annotated output wants every frame's (`keep_original`: frames the model
 skips are decoded for it too) or when the tracking stage reads the boxes' looks from the
-frames the model sees (`keep_seen`: a skipped frame is not decoded for it).
+frames the model sees (`keep_seen`: a deferred frame the model skips is not decoded for
+it; a frame decoded already, as a replay's are, carries its pixels to the stage, which
+hands it on without them).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def _grids(image_bgr: ImageU8, xyxy: npt.ArrayLike) -> tuple[IntArray, ImageU8]:
     if boxes.ndim != 2 or boxes.shape[1] != 4:
         raise ValueError(f"boxes must have shape (N, 4), got {boxes.shape}")
     height, width = image.shape[:2]
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         size = boxes[:, 2:] - boxes[:, :2]
         inner = np.concatenate(
             [

@@ -12,7 +12,8 @@ tracks and boxes (a box only ever meets its own camera's tracks):
    reach those that look alike first: `appearance_gate`, `appearance_weight`);
 3. matches low-score boxes to the confirmed tracks still unmatched that were tracked in the
    previous frame, with a stricter IoU (the "byte" step: an occluded object's weak box keeps
-   its track instead of starting a false one); tracked ones left over become lost;
+   its track instead of starting a false one; with features, a weak box that looks like the
+   track reaches that IoU sooner: `appearance_weight`); tracked ones left over become lost;
 3b. finds lost tracks again (`recover_buffer`): the lost tracks left over and the high-score
    boxes left over are matched on boxes widened by their size, each track's box the better
    of its filter's prediction and its last box moved on by its velocity (OC-SORT's
@@ -165,18 +166,16 @@ class ByteTracker:
         same = tracks.cams[:, None] == det_cam[None, :]  # a box only joins its camera's tracks
         if p.class_aware:
             same &= tracks.labels[:, None] == label[None, :]
-        looks = feature.shape[1] > 0
-        distance = (
-            feature_distance(tracks.feature, feature) if looks else np.zeros((len(tracks), n))
-        )
+        looks = feature.shape[1] > 0  # (known: both sides have looks; 0 apart where not)
+        known = has_features(tracks.feature)[:, None] & has_features(feature)[None, :]
+        distance = feature_distance(tracks.feature, feature)
         same &= ~(distance > p.appearance_gate)  # never a box that looks unlike the track
         iou = np.where(same, box_iou(track_boxes, np.where(valid[:, None], boxes, 0.0)), 0.0)
-        if looks and p.appearance_weight > 0:  # of the boxes in reach, the one that looks it
-            alike = np.clip(1.0 - distance / p.appearance_gate, 0.0, 1.0)
-            iou = np.where(iou >= p.match_iou, iou + p.appearance_weight * alike, iou)
-        with np.errstate(invalid="ignore"):  # lost past lost_s: only known again by its looks
-            remembered = tracks.lost & (row_t - tracks.last_s > p.lost_s)
-        iou[remembered] = 0.0
+        iou[self._remembered(row_t)] = 0.0  # lost past lost_s: only known again by its looks
+        ranked = iou  # of the boxes in reach (both passes), those that look like the track first
+        if looks and p.appearance_weight > 0:
+            alike = np.where(known, np.clip(1.0 - distance / p.appearance_gate, 0.0, 1.0), 0.0)
+            ranked = np.where(iou >= p.match_iou, iou + p.appearance_weight * alike, iou)
         confirmed = active & (tracks.ids > 0)
         unconfirmed = active & (tracks.ids == 0)
         was_tracked = confirmed & ~tracks.lost
@@ -188,16 +187,18 @@ class ByteTracker:
             det_row[dets[c]] = rows[r]
             row_det[rows[r]] = dets[c]
 
-        def associate(rows: IntArray, dets: IntArray, min_iou: float) -> None:
+        def associate(
+            rows: IntArray, dets: IntArray, min_iou: float, fit: FloatArray = iou
+        ) -> None:
             if len(rows) and len(dets):
-                pair(rows, dets, iou[rows][:, dets], min_iou)
+                pair(rows, dets, fit[rows][:, dets], min_iou)
 
-        associate(_indices(confirmed), _indices(high), p.match_iou)
-        associate(_indices(was_tracked & (row_det < 0)), _indices(low), p.second_match_iou)
+        associate(_indices(confirmed), _indices(high), p.match_iou, ranked)
+        associate(_indices(was_tracked & (row_det < 0)), _indices(low), p.second_match_iou, ranked)
         if p.recover_buffer > 0:
             lost = confirmed & tracks.lost
             rows, dets = (
-                _indices(lost & ~remembered & (row_det < 0)),
+                _indices(lost & ~self._remembered(row_t) & (row_det < 0)),
                 _indices(high & (det_row < 0)),
             )
             if len(rows) and len(dets):
@@ -210,7 +211,8 @@ class ByteTracker:
             dets = _indices(high & (det_row < 0))
             if len(rows) and len(dets):
                 block = np.ix_(rows, dets)
-                fit = by_looks(tracks, rows, boxes[dets], distance[block], same[block], p)
+                allowed = same[block] & known[block]
+                fit = by_looks(tracks, rows, boxes[dets], distance[block], allowed, p)
                 pair(rows, dets, fit, 1.0 - p.recognise_distance)
         high_left = _indices(high & (det_row < 0))
         young = _indices(unconfirmed)
@@ -276,7 +278,7 @@ class ByteTracker:
             remember_s = max(p.lost_s, p.recognise_lost_s) if p.recognise_buffer else p.lost_s
             kept_s = np.where(has_features(tracks.feature), remember_s, p.lost_s)
             drop |= active & tracks.lost & (row_t - tracks.last_s > kept_s)
-        drop |= self._duplicates(active)
+        drop |= self._duplicates(active, row_t)
         ids_out, velocities = self._finish(det_row, drop)
         bounds = np.cumsum([0, *counts])
         return [
@@ -287,6 +289,8 @@ class ByteTracker:
     def _features(self, frames: Sequence[CameraBoxes], counts: list[int]) -> Features:
         """The batch's box features `(N, D)` (frames without any: rows of zeros), the track
         table widened to them; `(N, 0)` where no frame and no track has any."""
+        if any(f.features is not None and np.ndim(f.features) != 2 for f in frames):
+            raise ValueError("features must be 2-D, (boxes, width)")
         dims = {f.features.shape[1] for f in frames if f.features is not None}
         dims.discard(0)
         if len(dims) > 1:
@@ -299,6 +303,8 @@ class ByteTracker:
                 parts.append(np.zeros((n, dim), np.float32))
             elif f.features.shape != (n, dim):
                 raise ValueError(f"features must have shape ({n}, {dim}), got {f.features.shape}")
+            elif not np.isfinite(f.features).all():
+                raise ValueError("features must be finite numbers")
             else:
                 parts.append(np.asarray(f.features, np.float32))
         return np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
@@ -326,7 +332,14 @@ class ByteTracker:
             self._next_id[cam] = int(ids[k]) + 1
         return ids
 
-    def _duplicates(self, active: BoolArray) -> BoolArray:
+    def _remembered(self, row_t: FloatArray) -> BoolArray:
+        """Lost tracks past `lost_s`, kept (`recognise_lost_s`) to be known by their looks
+        only (their coasting boxes say nothing any more)."""
+        with np.errstate(invalid="ignore"):  # (rows of cameras not in the batch: NaN times)
+            out: BoolArray = self._tracks.lost & (row_t - self._tracks.last_s > self.params.lost_s)
+        return out
+
+    def _duplicates(self, active: BoolArray, row_t: FloatArray) -> BoolArray:
         """Rows to drop: of a tracked and a lost confirmed track of one camera covering the
         same place, the one followed for less time (the reference implementation's rule),
         unless they look unlike each other (a lost track's coasting box over another object)."""
@@ -334,7 +347,7 @@ class ByteTracker:
         drop = np.zeros(len(tracks), np.bool_)
         confirmed = active & (tracks.ids > 0)
         tracked = _indices(confirmed & ~tracks.lost)
-        lost = _indices(confirmed & tracks.lost)
+        lost = _indices(confirmed & tracks.lost & ~self._remembered(row_t))
         if not len(tracked) or not len(lost):
             return drop
         iou = box_iou(xywh_to_xyxy(tracks.mean[tracked]), xywh_to_xyxy(tracks.mean[lost]))
@@ -431,5 +444,5 @@ class ByteTracker:
 
     def ended_count(self, camera: int) -> int:
         """How many of a camera's confirmed tracks have ended (lost for longer than
-        `lost_s`, or merged)."""
+        `lost_s`, or `recognise_lost_s` for one with looks, or merged)."""
         return len(self._ended_s.get(camera, {}))

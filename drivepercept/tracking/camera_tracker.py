@@ -38,6 +38,7 @@ class CameraTracker:
         scores: FloatArray,
         labels: IntArray,
         t_s: float,
+        *,
         features: Features | None = None,
     ) -> TrackUpdate:
         """Track one frame's boxes (`CameraBoxes` says what each argument is).
@@ -57,7 +58,7 @@ class CameraTracker:
 
     @property
     def ended_count(self) -> int:
-        """How many confirmed tracks have ended (lost for longer than `lost_s`, or merged)."""
+        """How many confirmed tracks have ended (lost too long, or merged)."""
         return self._core.ended_count(0)
 
     @property

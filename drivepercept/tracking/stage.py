@@ -36,7 +36,7 @@ from drivepercept.types.objects import RigStep
 MAX_HOLD_S = 10.0
 REPLAY_HOLD_S = 2.0  # a replay's frames wait at most this long (frame time) for their step
 MAX_HELD_FRAMES = 64  # at most this many tracked frames wait for their rig step (each may
-# carry its original image for an annotated video: a stalled camera must not hold hundreds)
+# carry its pixels until handed on, the looks' or a video's: not hundreds for a stalled camera)
 _DEFAULT_PERIOD_S = 0.1  # a rig step's width before any camera's frame interval is known
 _MIN_PERIOD_S = 1e-3  # intervals shorter than this (a repeated stamp) say nothing of the rate
 STALE_S = 1.0  # tracks older than this (no detected frame since) predict nothing (`overdue`)

@@ -50,8 +50,10 @@ class TrackParams:
     tracks by motion alone and these do nothing):
         appearance_gate: a box never joins a track that looks more unlike it than this
             (cosine distance of their features, 0 to 2).
-        appearance_weight: in the first association, pairs that overlap at least
-            `match_iou` gain this times how alike they look (1 alike, 0 at the gate).
+        appearance_weight: in both associations, pairs that overlap at least `match_iou`
+            gain this times how alike they look (1 alike, 0 at the gate) on the IoU their
+            thresholds test: the low-score pass's 0.5 (`second_match_iou`) is met by a weak
+            box at IoU 0.2 that looks just like its track.
         appearance_momentum: a track's appearance is this much its own, the rest its
             newest high-score box's (0: only the newest).
         recognise_distance: a lost track is known again (its looks, not its motion) by a

@@ -382,7 +382,7 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
                     features[used] = box_features(image, boxes[used])
                     looked += 1
                 t0 = time.perf_counter_ns()
-                update = tracker.update(boxes, scores, labels, t_s, features)
+                update = tracker.update(boxes, scores, labels, t_s, features=features)
                 frame_ns.append(time.perf_counter_ns() - t0)
                 out.append(relabelled(line, update.track_ids.tolist()))
         finally:
