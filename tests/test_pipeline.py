@@ -309,7 +309,10 @@ def test_a_heap_the_caller_froze_stays_frozen_after_the_run() -> None:
             sinks=[Collect()],
         ) as p:
             p.run()
-        assert gc.get_freeze_count() >= before > 0
+        # thawed, the count would be 0; frozen objects may still be freed by reference
+        # counting meanwhile (an earlier test's leftovers let go: one random-order run saw
+        # 571879 -> 571873), so a few fewer is not a thaw
+        assert gc.get_freeze_count() > 0.99 * before > 0
     finally:
         gc.unfreeze()
 
