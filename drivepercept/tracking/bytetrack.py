@@ -171,7 +171,8 @@ class ByteTracker:
         distance = feature_distance(tracks.feature, feature)
         same &= ~(distance > p.appearance_gate)  # never a box that looks unlike the track
         iou = np.where(same, box_iou(track_boxes, np.where(valid[:, None], boxes, 0.0)), 0.0)
-        iou[self._remembered(row_t)] = 0.0  # lost past lost_s: only known again by its looks
+        remembered = self._remembered(row_t)
+        iou[remembered] = 0.0  # lost past lost_s: only known again by its looks
         ranked = iou  # of the boxes in reach (both passes), those that look like the track first
         if looks and p.appearance_weight > 0:
             alike = np.where(known, np.clip(1.0 - distance / p.appearance_gate, 0.0, 1.0), 0.0)
@@ -198,7 +199,7 @@ class ByteTracker:
         if p.recover_buffer > 0:
             lost = confirmed & tracks.lost
             rows, dets = (
-                _indices(lost & ~self._remembered(row_t) & (row_det < 0)),
+                _indices(lost & ~remembered & (row_det < 0)),
                 _indices(high & (det_row < 0)),
             )
             if len(rows) and len(dets):
