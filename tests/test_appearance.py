@@ -178,6 +178,31 @@ def test_a_batch_of_frames_is_read_as_each_frame_alone() -> None:
     assert feature_distance(together[0][:1], together[2])[0, 0] > 0.5  # red against green
 
 
+def test_frames_of_different_sizes_and_many_boxes_are_read_as_each_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One pass over frames of different sizes (each box read with its own frame's width)
+    and frames over the per-frame limit of boxes (each frame's first ones read)."""
+    from drivepercept.tracking import appearance
+
+    monkeypatch.setattr(appearance, "MAX_BOXES", 2)
+    wide = _scene(((10, 10, 60, 90), RED), ((200, 10, 250, 90), BLUE), ((300, 20, 340, 90), GREEN))
+    small = np.full((200, 320, 3), 90, np.uint8)
+    small[150:200, 280:320] = BLUE  # a box at the corner, cut by the image
+    small[10:60, 10:40] = GREEN
+    boxes_wide = np.array([[10, 10, 60, 90], [200, 10, 250, 90], [300, 20, 340, 90]], float)
+    boxes_small = np.array([[0, 0, 2, 2], [280, 150, 330, 210], [10, 10, 40, 60]], float)
+    frames = [(small, boxes_small), (wide, boxes_wide), (small, boxes_small[::-1].copy())]
+    together = appearance.frames_features(frames)
+    for (image, boxes), read in zip(frames, together, strict=True):
+        assert np.array_equal(read, appearance.frames_features([(image, boxes)])[0])
+    # a frame's first two readable boxes are read: the unreadable one does not count
+    assert appearance.has_features(together[0]).tolist() == [False, True, True]
+    assert appearance.has_features(together[1]).tolist() == [True, True, False]
+    assert appearance.has_features(together[2]).tolist() == [True, True, False]
+    assert feature_distance(together[0][1:2], together[1][1:2])[0, 0] < 0.05  # blue, blue
+
+
 def test_a_box_without_looks_is_not_taken_for_one_that_looks_alike() -> None:
     """A box whose looks are not known (no pixels, or too small to read) is neither kept
     from a track nor known again by looks it does not have: a lost track is not handed a

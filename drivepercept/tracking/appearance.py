@@ -11,10 +11,11 @@ of same-object pairs and separated 84-94 % of different-object pairs.
 `box_features` gives, per box, two stacked halves (top and bottom: a pedestrian's shirt and
 trousers, a truck's cab and box), each a histogram of the inner part of the box (15 % cut
 from each side, 10 % from top and bottom: less background) read as 8 x 16 cells, each the
-mean of 2 x 2 points of a grid over it (all boxes in one gather): 12 hue bins weighted by
-saturation, 4 brightness bins weighted by its lack (grey, black and white
-have no hue), each half normalised, square-rooted (Hellinger) and the whole made a unit
-vector. A box too small to read (under 2 pixels inside) gets a row of zeros: no appearance.
+mean of 2 x 2 points of a grid over it (the arithmetic for a whole batch of frames at once,
+one gather per frame): 12 hue bins weighted by saturation, 4 brightness bins weighted by its
+lack (grey, black and white have no hue), each half normalised, square-rooted (Hellinger)
+and the whole made a unit vector. A box too small to read (under 2 pixels inside) gets a
+row of zeros: no appearance.
 No learned weights: nothing to download, and the same on any frame source.
 """
 
@@ -52,16 +53,26 @@ def box_features(image_bgr: ImageU8, xyxy: FloatArray) -> Features:
     return frames_features([(image_bgr, xyxy)])[0]
 
 
-def _grids(image_bgr: ImageU8, xyxy: npt.ArrayLike) -> tuple[IntArray, ImageU8]:
-    """The boxes of one frame that can be read (their rows) and their grids of points
-    `(R * CROP_H * SAMPLES, CROP_W * SAMPLES, 3)`, gathered in one call."""
-    image = np.asarray(image_bgr)
+def _checked(image_bgr: ImageU8, xyxy: npt.ArrayLike) -> tuple[ImageU8, FloatArray]:
+    """The image and its boxes as arrays, refused where they have the wrong shape."""
+    image = np.ascontiguousarray(image_bgr)
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise ValueError(f"image must be (H, W, 3) uint8, got {image.dtype} {image.shape}")
     boxes = np.asarray(xyxy, np.float64)
     if boxes.ndim != 2 or boxes.shape[1] != 4:
         raise ValueError(f"boxes must have shape (N, 4), got {boxes.shape}")
-    height, width = image.shape[:2]
+    return image, boxes
+
+
+def _grids(
+    images: Sequence[ImageU8], boxes: FloatArray, frame: IntArray
+) -> tuple[IntArray, IntArray, ImageU8]:
+    """Which of all frames' `boxes` (each of frame `frame[i]`, in frame order) can be read
+    (their rows, at most MAX_BOXES a frame), where each frame's start in them (`bounds`,
+    one more than frames) and their grids of points `(R * CROP_H * SAMPLES, CROP_W *
+    SAMPLES, 3)` stacked: the arithmetic for every box at once, one gather per frame."""
+    shapes = np.array([image.shape[:2] for image in images], np.int64).reshape(-1, 2)
+    height, width = shapes[frame, 0], shapes[frame, 1]
     with np.errstate(invalid="ignore", over="ignore"):
         size = boxes[:, 2:] - boxes[:, :2]
         inner = np.concatenate(
@@ -71,19 +82,36 @@ def _grids(image_bgr: ImageU8, xyxy: npt.ArrayLike) -> tuple[IntArray, ImageU8]:
             ],
             axis=1,
         )
-        inner = np.nan_to_num(inner, nan=-1.0, posinf=-1.0, neginf=-1.0)
+        inner = np.where(np.isfinite(inner), inner, -1.0)
     x1 = np.clip(inner[:, 0], 0, width).astype(np.int64)
     x2 = np.clip(inner[:, 2], 0, width).astype(np.int64)
     y1 = np.clip(inner[:, 1], 0, height).astype(np.int64)
     y2 = np.clip(inner[:, 3], 0, height).astype(np.int64)
     readable = np.isfinite(boxes).all(axis=1) & (x2 - x1 >= 2) & (y2 - y1 >= 2)
-    rows: IntArray = readable.nonzero()[0][:MAX_BOXES]
+    # at most MAX_BOXES read in each frame: the first ones
+    counts = np.cumsum(readable)
+    first = np.searchsorted(frame, np.arange(len(images)))  # each frame's first box
+    before = np.concatenate([[0], counts])[first]
+    readable &= counts - before[frame] <= MAX_BOXES
+    rows: IntArray = readable.nonzero()[0]
     wide, tall = CROP_W * SAMPLES, CROP_H * SAMPLES
     xs = x1[rows, None] + ((np.arange(wide) + 0.5) / wide)[None, :] * (x2 - x1)[rows, None]
     ys = y1[rows, None] + ((np.arange(tall) + 0.5) / tall)[None, :] * (y2 - y1)[rows, None]
-    index = ys.astype(np.int64)[:, :, None] * width + xs.astype(np.int64)[:, None, :]
-    grid = np.take(np.ascontiguousarray(image).reshape(-1, 3), index, axis=0)
-    return rows, grid.reshape(len(rows) * tall, wide, 3)
+    index = (
+        ys.astype(np.int64)[:, :, None] * width[rows, None, None] + xs.astype(np.int64)[:, None, :]
+    )
+    grid = np.empty((len(rows), tall, wide, 3), np.uint8)
+    bounds = np.searchsorted(frame[rows], np.arange(len(images) + 1))
+    for k, image in enumerate(images):
+        if bounds[k] < bounds[k + 1]:
+            np.take(
+                image.reshape(-1, 3),
+                index[bounds[k] : bounds[k + 1]],
+                axis=0,
+                out=grid[bounds[k] : bounds[k + 1]],
+                mode="clip",  # (every index is inside its image: no checking pass)
+            )
+    return rows, bounds, grid.reshape(len(rows) * tall, wide, 3)
 
 
 def frames_features(frames: Sequence[tuple[ImageU8, npt.ArrayLike]]) -> list[Features]:
@@ -94,17 +122,20 @@ def frames_features(frames: Sequence[tuple[ImageU8, npt.ArrayLike]]) -> list[Fea
     Raises:
         ValueError: an image that is not (H, W, 3) uint8, or boxes not (N, 4).
     """
-    parts = [_grids(image, boxes) for image, boxes in frames]
-    outs = [np.zeros((len(np.asarray(b).reshape(-1, 4)), DIM), np.float32) for _, b in frames]
-    n = sum(len(rows) for rows, _ in parts)
+    checked = [_checked(image, boxes) for image, boxes in frames]
+    sizes = [len(boxes) for _, boxes in checked]
+    outs = [np.zeros((size, DIM), np.float32) for size in sizes]
+    if not sum(sizes):
+        return outs
+    frame = np.repeat(np.arange(len(checked)), sizes)
+    rows, bounds, grid = _grids(
+        [image for image, _ in checked], np.concatenate([b for _, b in checked]), frame
+    )
+    n = len(rows)
     if not n:
         return outs
     # each cell the mean of its SAMPLES x SAMPLES points: one resize of the stacked grids
-    crops = cv2.resize(
-        np.concatenate([grid for _, grid in parts]),
-        (CROP_W, n * CROP_H),
-        interpolation=cv2.INTER_AREA,
-    )
+    crops = cv2.resize(grid, (CROP_W, n * CROP_H), interpolation=cv2.INTER_AREA)
     hsv = cv2.cvtColor(crops, cv2.COLOR_BGR2HSV).reshape(n, CROP_H * CROP_W, 3)
     hue = np.minimum(hsv[..., 0].astype(np.int64) * HUE_BINS // 180, HUE_BINS - 1)
     saturation = hsv[..., 1].astype(np.float32) / 255.0
@@ -119,9 +150,9 @@ def frames_features(frames: Sequence[tuple[ImageU8, npt.ArrayLike]]) -> list[Fea
     flat = np.sqrt(hist).reshape(n, DIM)
     flat /= np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-12)
     start = 0
-    for out, (rows, _) in zip(outs, parts, strict=True):
-        out[rows] = flat[start : start + len(rows)]
-        start += len(rows)
+    for k, out in enumerate(outs):  # (each frame's rows are one run of them)
+        out[rows[bounds[k] : bounds[k + 1]] - start] = flat[bounds[k] : bounds[k + 1]]
+        start += sizes[k]
     return outs
 
 
