@@ -82,6 +82,39 @@ def test_the_same_detections_get_the_same_rig_ids_whatever_the_batch_spread(
     assert shares[("live", 0)].share == shares[("replay", 0)].share
 
 
+@pytest.mark.timeout(240)
+def test_with_looks_the_rig_ids_hold_whatever_the_batch_spread(
+    in_process: Cli, tmp_path: Path
+) -> None:
+    """As above with each frame's pixels (`RecordedFrames`): the tracker and the fusion
+    also use the boxes' looks, and the spread still moves nothing."""
+    from drivepercept.rig import load_rig
+    from drivepercept.run.recorded_frames import RecordedFrames
+
+    drive = tmp_path / "drive"
+    code, err = in_process(
+        ["simulate", "--out", str(drive), "--preset", "crossing", "--seed", "31",
+         "--seconds", "5"]
+    )  # fmt: skip
+    assert code == 0, err
+    gt = json.loads((drive / "ground_truth.json").read_text())
+    lines = _detections_from_labels(gt, seed=5)
+    cameras = load_rig(drive / "rig.toml").cameras
+    shares, ids = {}, {}
+    for spread in (0, 3, 7):
+        with RecordedFrames(cameras) as frames:
+            run = retrack(drive / "rig.toml", lines, spread_frames=spread, frames=frames)
+        assert run.with_pixels == len(lines)  # every frame's looks read
+        shares[spread] = score_tracking(gt, run.detections, run.objects).same_id
+        ids[spread] = [line["track_ids"] for line in run.detections]
+    print({k: round(v.share, 4) for k, v in shares.items()})
+    assert all(s.pairs > 100 for s in shares.values())
+    assert max(s.share for s in shares.values()) - min(s.share for s in shares.values()) <= 0.01
+    assert ids[0] == ids[3] == ids[7]  # each camera's tracks do not depend on the batching
+    motion = retrack(drive / "rig.toml", lines)  # the looks were used: other ids somewhere
+    assert [line["track_ids"] for line in motion.detections] != ids[0]
+
+
 def test_a_stalled_camera_holds_back_at_most_max_held_frames(tmp_path: Path) -> None:
     """Five cameras deliver, the sixth stalls after its first frame: the frames waiting for
     their rig step stay bounded (each may carry its original image), and none is lost."""

@@ -11,12 +11,17 @@ batches were aligned; a live rig whose cameras lag one another). The same boxes 
 with different spreads tell what the tracking stage's result owes to the batching, and
 tracker changes can be compared on identical input.
 
+The tracker tells objects apart by their looks, read from the frames' pixels, which the
+lines do not carry: given `frames` (`drivepercept.run.recorded_frames.RecordedFrames`, the
+rig's recordings read again) each detected frame gets its pixels back and is tracked as the
+replay tracked it; without, on motion alone.
+
 Used by tests and benchmarks (`scripts/bench_trackers.py`); nothing here reads a video.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -30,21 +35,31 @@ from drivepercept.sinks.objects import step_record
 from drivepercept.tracking.bytetrack import TrackParams
 from drivepercept.tracking.fusion import FusionParams
 from drivepercept.tracking.stage import REPLAY_HOLD_S, RigTracker
-from drivepercept.types import Detections, FrameMeta, FrameResult, FrameTiming, Letterbox
+from drivepercept.types import (
+    Detections,
+    FrameMeta,
+    FrameResult,
+    FrameTiming,
+    ImageU8,
+    Letterbox,
+)
 from drivepercept.types.objects import RigStep
 
 Line = Mapping[str, Any]
+FrameLookup = Callable[[str, int, float], ImageU8 | None]  # (camera, frame_index, pts_s)
 _NO_TIMING = FrameTiming(*([0] * len(fields(FrameTiming))))
 
 
 @dataclass(frozen=True)
 class Retracked:
     """The detection lines with new `track_ids`, `velocities` and `global_ids` (in the
-    input's order), and the objects.jsonl lines of each rig step."""
+    input's order), the objects.jsonl lines of each rig step, and how many detected frames
+    had their pixels (`frames`: their boxes' looks read)."""
 
     detections: list[dict[str, Any]]
     objects: list[dict[str, Any]]
     batches: int
+    with_pixels: int = 0
 
 
 def _offsets(cameras: Sequence[str], spread_frames: int) -> dict[str, int]:
@@ -85,7 +100,12 @@ def _detected(lines: Sequence[Line], cameras: Sequence[str], every: int) -> list
 
 
 def _result(
-    line: Line, cam: CameraConfig, classes: tuple[str, ...], batch: int, detected: bool = True
+    line: Line,
+    cam: CameraConfig,
+    classes: tuple[str, ...],
+    batch: int,
+    detected: bool = True,
+    image: ImageU8 | None = None,
 ) -> FrameResult:
     width, height = cam.size or (0, 0)
     box = Letterbox((width, height), (width, height), 1.0, 1.0, 0.0, 0.0)
@@ -100,6 +120,7 @@ def _result(
         preprocessed_ns=0,
         letterbox=box,
         stamp_ns=None if stamp is None else int(stamp),
+        original_bgr=image,
     )
     if not detected:  # the tracker answers it
         return FrameResult(meta, batch, 0, Detections.empty(classes, predicted=True), _NO_TIMING)
@@ -122,6 +143,7 @@ def retrack(
     fusion: FusionParams | None = None,
     hold_s: float = REPLAY_HOLD_S,
     detect_every: int = 1,
+    frames: FrameLookup | None = None,
 ) -> Retracked:
     """Track a run's detection lines again, with batches `spread_frames` apart.
 
@@ -138,6 +160,9 @@ def retrack(
             frame always, the cameras staggered) and let the tracker answer the others
             with its tracks moved on to their time (`"predicted": true` lines): what a
             detection interval costs in accuracy, on the same boxes.
+        frames: each detected line's frame, `(camera, frame_index, pts_s) -> BGR pixels
+            or None` (`RecordedFrames`), asked for in each camera's frame order: the boxes'
+            looks are read from it, as in the replay (None, or no `frames`: motion alone).
 
     Raises:
         ConfigError: a negative spread, an interval below 1, a line of a camera the rig
@@ -195,12 +220,26 @@ def retrack(
             else:
                 line.pop("global_ids", None)
 
+    def pixels(line: Line) -> ImageU8 | None:
+        if frames is None:
+            return None
+        return frames(str(line["camera"]), int(line["frame_index"]), float(line["pts_s"]))
+
+    with_pixels = 0
     for number, batch in enumerate(sorted(batches)):
         rows = sorted(batches[batch], key=lambda k: order[str(kept[k]["camera"])])
         results = [
-            _result(kept[k], by_name[str(kept[k]["camera"])], classes, number, detected[k])
+            _result(
+                kept[k],
+                by_name[str(kept[k]["camera"])],
+                classes,
+                number,
+                detected[k],
+                pixels(kept[k]) if detected[k] else None,
+            )
             for k in rows
         ]
+        with_pixels += sum(r.original_bgr is not None for r in results)
         fill(tracker(results))
     fill(tracker.flush())
-    return Retracked(out, [step_record(s) for s in steps], len(batches))
+    return Retracked(out, [step_record(s) for s in steps], len(batches), with_pixels)

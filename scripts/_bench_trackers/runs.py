@@ -405,19 +405,36 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
 
 def run_retrack(drive: Drive, lines: Sequence[Line]) -> Tracked:
     """`drivepercept.run.retrack.retrack(rig.toml, lines, spread_frames=0)`: the run's boxes
-    tracked again, offline, with global ids and placed objects."""
+    tracked again, offline, with global ids and placed objects; each frame's pixels from the
+    drive's videos where it has them all (`RecordedFrames`: the looks, as the run read them;
+    the ids then are the run's own), else on motion alone."""
+    from drivepercept.rig import load_rig
+    from drivepercept.run.recorded_frames import RecordedFrames
     from drivepercept.run.retrack import retrack
 
+    videos = all(c in drive.videos and drive.videos[c].is_file() for c in drive.cameras)
     t0 = time.perf_counter_ns()
-    result = retrack(drive.rig_toml, [dict(line) for line in lines], spread_frames=0)
+    if videos:
+        with RecordedFrames(load_rig(drive.rig_toml).cameras) as frames:
+            result = retrack(
+                drive.rig_toml, [dict(x) for x in lines], spread_frames=0, frames=frames
+            )
+    else:
+        result = retrack(drive.rig_toml, [dict(x) for x in lines], spread_frames=0)
     total_ns = time.perf_counter_ns() - t0
     per_frame = total_ns // max(1, len(lines))
+    looks = (
+        f"looks read from the drive's videos for {result.with_pixels} of {len(lines)} frames"
+        " (their decoding in the time)"
+        if videos
+        else "no videos: motion alone (the run had the looks)"
+    )
     return Tracked(
         name="ours re-tracked",
         lines=list(result.detections),
         objects=list(result.objects),
         settings={"retrack": "drivepercept.run.retrack.retrack", "spread_frames": 0},
-        notes=("the whole rig at once; time per frame is its total over the camera frames",),
+        notes=("the whole rig at once; time per frame is its total over the camera frames", looks),
         frame_ns=(per_frame,) * len(lines),
     )
 

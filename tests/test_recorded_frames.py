@@ -1,0 +1,66 @@
+"""Offline re-tracking with the recordings' pixels (issue 44): `RecordedFrames` hands
+`retrack` each line's frame, so the boxes' looks are read as in the replay and the replay's
+ids come back exactly; a frame it cannot vouch for (another time, behind the one read, past
+the end, a camera it has not) is not handed over."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drivepercept.rig import CameraConfig, load_rig
+from drivepercept.run.recorded_frames import RecordedFrames
+from drivepercept.run.retrack import retrack
+
+SAMPLE = Path(__file__).resolve().parents[1] / "sample_videos"
+Cli = Callable[[list[str]], tuple[int, str]]
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.timeout(240)
+def test_retrack_with_the_recordings_gives_the_replays_ids(in_process: Cli, tmp_path: Path) -> None:
+    code, err = in_process(
+        ["replay", str(SAMPLE / "rig.toml"), "--max-frames", "45", "--track", "--out",
+         str(tmp_path), "--name", "t", "--no-progress", "--report", "json"]
+    )  # fmt: skip
+    assert code == 0, err
+    lines = _lines(tmp_path / "t" / "detections.jsonl")
+    cameras = load_rig(SAMPLE / "rig.toml").cameras
+    with RecordedFrames(cameras) as frames:
+        again = retrack(SAMPLE / "rig.toml", lines, frames=frames)
+        assert frames.handed == len(lines) and frames.missed == 0
+    assert again.with_pixels == len(lines)
+    boxes = sum(len(line["boxes"]) for line in lines)  # type: ignore[arg-type,misc]
+    assert boxes > 300
+    for line, new in zip(lines, again.detections, strict=True):
+        assert new["track_ids"] == line["track_ids"], (line["camera"], line["frame_index"])
+        assert new["global_ids"] == line["global_ids"], (line["camera"], line["frame_index"])
+    # on motion alone (no pixels) the same boxes are tracked differently somewhere
+    alone = retrack(SAMPLE / "rig.toml", lines)
+    assert alone.with_pixels == 0
+    pairs = zip(lines, alone.detections, strict=True)
+    assert any(a["track_ids"] != b["track_ids"] for a, b in pairs)
+
+
+def test_a_frame_that_is_not_the_lines_is_not_handed_over() -> None:
+    cameras = load_rig(SAMPLE / "rig.toml").cameras
+    live_only = CameraConfig(name="dash", source="/dev/video9")  # never opened
+    with RecordedFrames([*cameras[:2], live_only]) as frames:
+        front = cameras[0].name
+        first = frames(front, 0, 0.0)
+        assert first is not None and first.shape == (360, 640, 3) and first.dtype == np.uint8
+        assert frames(front, 3, 3 / 15) is not None  # read forward, skipping frames
+        assert frames(front, 2, 2 / 15) is None  # behind the frame read: not kept
+        assert frames(front, 4, 9.0) is None  # another time: another recording's frame
+        assert frames(front, 100_000, 0.0) is None  # past the end
+        assert frames(front, 5, 5 / 15) is None  # and the camera is closed after its end
+        assert frames(cameras[1].name, 0, 0.0) is not None  # the others go on
+        assert frames("dash", 0, 0.0) is None and frames("nobody", 0, 0.0) is None
+        assert (frames.handed, frames.missed) == (3, 6)
