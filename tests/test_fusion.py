@@ -394,6 +394,37 @@ def test_a_sighting_that_looks_unlike_an_object_does_not_join_it() -> None:
         assert got[("front", 3)] != got[("front_right", 2)]
 
 
+def test_a_long_vehicle_seen_at_both_ends_is_one_object_when_it_looks_alike() -> None:
+    """Issue 44: a bus alongside, the camera behind seeing its back end and the one ahead
+    its front end: places 10 m apart across their lines of sight, far outside the gate for
+    places (1.2 m across there). Alike, within a bus's length: one object, step after step;
+    unlike, or cars (not that long), or buses farther apart than a bus: two."""
+
+    def links(
+        name: str, ahead_look: np.ndarray, ahead: tuple[float, float] = (13.0, 6.0)
+    ) -> tuple[int, int]:
+        fusion = RigFusion(_cams())
+        for k in range(5):
+            got, _ = fusion.step(k / 10, [
+                Observation("back_left", 1, name, (0, 0, 1, 1), (3.0, 6.0), look=RED),
+                Observation("front_left", 2, name, (0, 0, 1, 1), ahead, look=ahead_look),
+            ])  # fmt: skip
+        return got[("back_left", 1)], got[("front_left", 2)]
+
+    a, b = links("bus", RED)
+    assert a == b
+    a, b = links("truck", RED, (11.0, 6.0))  # 8 m: within a truck's length (9 m)
+    assert a == b
+    for name, look, ahead in (
+        ("bus", BLUE, (13.0, 6.0)),
+        ("car", RED, (13.0, 6.0)),
+        ("truck", RED, (13.0, 6.0)),
+        ("bus", RED, (16.0, 6.0)),
+    ):
+        a, b = links(name, look, ahead)
+        assert a != b, (name, ahead)
+
+
 def test_look_settings_out_of_range_are_refused() -> None:
     with pytest.raises(ConfigError, match="look_gate must be in"):
         FusionParams(look_gate=0.0)

@@ -24,6 +24,9 @@ frame, `appearance`), each object keeps a running mean of them: a sighting never
 stays with or merges into an object that looks unlike it, and one that looks alike may be
 `look_reach` gates away along its line of sight (a far pedestrian whose feet one camera
 does not see is placed 10-25 m too far; most of the split sightings on the crossing drives).
+A long vehicle (bus, truck) that looks alike may be up to its length away whatever the
+direction: two cameras seeing its two ends place it that far apart (a bus alongside, seen
+by the camera behind and the one ahead, 10 m apart).
 
 Places are compared at one time: a step's frames can be a few frames apart (each camera's
 decoder runs at its own pace), so an object's place is moved by its speed to each sighting's
@@ -74,6 +77,8 @@ ROUGH_GATE = 2.5
 # a link holds while its place stays within this many gates of its object's other sightings
 KEEP_GATES = 3.0
 LOOK_MOMENTUM = 0.9  # an object's looks: this much its own, the rest its sightings' now
+# a long vehicle's length (m): the cameras seeing its two ends place it up to this far apart
+LONG_M = {"bus": 12.0, "truck": 9.0}
 Features = npt.NDArray[np.float32]
 
 
@@ -104,6 +109,12 @@ class _Object:
 
 def _kind(class_name: str) -> str:
     return _KIND.get(class_name, class_name)
+
+
+def _length(a: str, b: str) -> float:
+    """How far apart two sightings of classes `a` and `b` may be for their length: the
+    shorter class's length (0: not both long vehicles)."""
+    return min(LONG_M.get(a, 0.0), LONG_M.get(b, 0.0))
 
 
 def _gate(params: FusionParams, xy: Place) -> float:
@@ -223,6 +234,9 @@ class RigFusion:
             return False
         reach = self._reach(obj.look, obs.look)
         where = self._where(gid, now, time_of(obs, t_s))
+        length = _length(obj.class_name, obs.class_name) if reach > 1.0 else 0.0
+        if length > 0 and math.dist(where, obs.xy) <= length:
+            return True  # alike, and within a long vehicle's length
         return _apart(self.params, obs.xy, where, reach) <= KEEP_GATES
 
     @staticmethod
@@ -249,6 +263,7 @@ class RigFusion:
             t_frame = time_of(group[0], t_s)  # one frame per camera in a step
             places = np.array([self._where(gid, now, t_frame) for gid in candidates])
             kinds = np.array([_kind(self._objects[gid].class_name) for gid in candidates])
+            lengths = np.array([LONG_M.get(self._objects[g].class_name, 0.0) for g in candidates])
             rough = np.array([self._rough(gid, now) for gid in candidates])
             looks = [self._objects[gid].look for gid in candidates]
             known = np.array([look is not None for look in looks])
@@ -265,11 +280,16 @@ class RigFusion:
                 x, y = obs.xy
                 # a place from a box cut by the image's side: its bearing is off too (round)
                 round_gate = _gate(self.params, obs.xy) * ROUGH_GATE
+                near = np.hypot(places[:, 0] - x, places[:, 1] - y)
                 d = np.where(
                     rough | obs.truncated,
-                    np.hypot(places[:, 0] - x, places[:, 1] - y) / round_gate,
+                    near / round_gate,
                     _apart_many(self.params, obs.xy, places, reach),
                 )
+                # a long vehicle alike within its length (its two ends), in lengths
+                length = np.where(alike, np.minimum(lengths, LONG_M.get(obs.class_name, 0.0)), 0.0)
+                within = (length > 0) & (near <= length)
+                d[within] = np.minimum(d[within], near[within] / length[within])
                 ok = (d <= 1.0) & (kinds == _kind(obs.class_name))
                 ok &= unlike <= self.params.look_gate
                 cost[i, ok] = d[ok]
@@ -342,7 +362,8 @@ class RigFusion:
                 if self._looks(a, b) > self.params.look_gate:
                     continue  # two that look unlike each other are two
                 alike = self._reach(a, b) > 1.0
-                if math.hypot(x - ox, y - oy) <= reach * wide or (
+                long = _length(self._objects[gid].class_name, self._objects[other].class_name)
+                if math.hypot(x - ox, y - oy) <= max(reach * wide, long if alike else 0.0) or (
                     alike and _apart(self.params, (x, y), (ox, oy), self.params.look_reach) <= 1.0
                 ):
                     close[(gid, other)] = self._close.get((gid, other), 0) + 1
