@@ -247,3 +247,27 @@ def test_a_track_kept_for_its_looks_does_not_crowd_out_a_new_one() -> None:
     xs: list[float | None] = [100.0] * 10 + [None] * 17 + [100.0] * 6
     ids = _walk(CameraTracker(), xs, [red] * 27 + [shade] * 6)
     assert ids[:10] == [1] * 10 and ids[10] == -1 and ids[11:] == [2] * 5
+
+
+def test_a_wide_recognise_distance_never_joins_a_pair_it_may_not() -> None:
+    """`recognise_distance` may reach 2 (any looks): a lost track is still only known again
+    by a box of its own camera, near enough and of like size. A far box in one camera, with
+    lost tracks in two, starts its own track (before the fix, a threshold of 1 - 1.5 took
+    pairs it had ruled out, given a fit of 0, and the box took a lost track's id at once)."""
+    red = _feature(RED)[0]
+    tracker = ByteTracker(TrackParams(recognise_distance=1.5))
+    for k in range(10):  # a red car in each of two cameras, then neither is seen
+        tracker.update([
+            CameraBoxes(cam, _box(100.0 + 5 * k), np.full(1, 0.9), np.zeros(1, np.int64),
+                        k / 10, red[None, :])
+            for cam in (0, 1)
+        ])  # fmt: skip
+    nothing = np.zeros((0, DIM), np.float32)
+    for k in range(10, 13):
+        tracker.update([
+            CameraBoxes(c, np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64), k / 10, nothing)
+            for c in (0, 1)
+        ])  # fmt: skip
+    far = CameraBoxes(1, _box(5000.0), np.full(1, 0.9), np.zeros(1, np.int64), 1.3, red[None, :])
+    update = tracker.update([far])[0]
+    assert update.track_ids.tolist() == [-1]  # a new track, not yet confirmed

@@ -202,17 +202,18 @@ class ByteTracker:
                 _indices(lost & ~remembered & (row_det < 0)),
                 _indices(high & (det_row < 0)),
             )
-            if len(rows) and len(dets):
+            allowed = same[np.ix_(rows, dets)]  # (no pair allowed: nothing to try)
+            if allowed.any():
                 gap_s = row_t[rows] - tracks.last_s[rows]
-                fit = by_motion(tracks, rows, boxes[dets], gap_s, same[np.ix_(rows, dets)], p)
+                fit = by_motion(tracks, rows, boxes[dets], gap_s, allowed, p)
                 pair(rows, dets, fit, p.recover_iou)
         if looks and p.recognise_buffer > 0:
             lost = confirmed & tracks.lost
             rows = _indices(lost & (row_det < 0) & has_features(tracks.feature))
             dets = _indices(high & (det_row < 0))
-            if len(rows) and len(dets):
-                block = np.ix_(rows, dets)
-                allowed = same[block] & known[block]
+            block = np.ix_(rows, dets)
+            allowed = same[block] & known[block]
+            if allowed.any():
                 fit = by_looks(tracks, rows, boxes[dets], distance[block], allowed, p)
                 pair(rows, dets, fit, 1.0 - p.recognise_distance)
         high_left = _indices(high & (det_row < 0))

@@ -1,7 +1,8 @@
 """Lost tracks found again, the two ways `ByteTracker` tries after its associations: by
 motion (a lost track's box moved on) and by looks (its appearance). Each gives how well
 each of some lost tracks and some boxes left over fit, 0 where a pair may not be joined;
-the tracker assigns on it. Pure numpy on the track table; no state of their own."""
+the tracker assigns on it (by looks: minus infinity there, below any threshold a setting can
+give). Pure numpy on the track table; no state of their own."""
 
 from __future__ import annotations
 
@@ -71,11 +72,12 @@ def by_looks(
     """How lost tracks `rows` (with an appearance) fit `boxes` by their looks, `(R, D)`:
     1 - their feature distance `distance` `(R, D)`, for pairs within reach (the boxes widened
     by `recognise_buffer` of their size overlap) and of like size (areas within
-    `recognise_area_ratio`); 0 for the others and those not `allowed`. An object hidden for
+    `recognise_area_ratio`); minus infinity for the others and those not `allowed` (a
+    `recognise_distance` of 1 or more makes the threshold 0 or less). An object hidden for
     a second or more has moved and grown beyond what its coasting filter or its last box
     predict; what it looks like has not changed."""
     buffer = params.recognise_buffer
     near = box_iou(widen(tracks.box[rows], buffer), widen(boxes, buffer)) > 0.0
     ok = allowed & near & _like_size(tracks, rows, boxes, params.recognise_area_ratio)
-    out: FloatArray = np.where(ok, 1.0 - distance, 0.0)
+    out: FloatArray = np.where(ok, 1.0 - distance, -np.inf)
     return out
