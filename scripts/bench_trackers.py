@@ -13,7 +13,9 @@ detections.jsonl is tracked again by every tracker and scored with
   a check that today's code gives the run's ids (the run does not record its settings).
 * ours re-tracked (--retrack): `retrack(rig.toml, lines, spread_frames=0)` of
   `drivepercept.run.retrack`, the run's boxes through the whole tracking stage again, global
-  ids included.
+  ids included; each frame's pixels read again from the drive's videos
+  (`RecordedFrames`: the boxes' looks, as the run read them) where it has them all, else
+  motion alone (a note says which).
 * the peers, on the same boxes: each camera alone, frames in frame_index order, every box of
   the line (all scores, before any tracking) handed to Roboflow `trackers` (SORT, ByteTrack,
   OC-SORT, BoT-SORT, C-BIoU; Apache-2.0) and supervision's `sv.ByteTrack` as
