@@ -56,18 +56,24 @@ def _detections_from_labels(gt: dict[str, Any], seed: int) -> list[dict[str, Any
     return lines
 
 
+def _crossing(
+    in_process: Cli, drive: Path, *, seconds: int
+) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
+    """A simulated crossing drive (seed 31), its labels and detections made from them."""
+    code, err = in_process(
+        ["simulate", "--out", str(drive), "--preset", "crossing", "--seed", "31",
+         "--seconds", str(seconds)]
+    )  # fmt: skip
+    assert code == 0, err
+    gt = json.loads((drive / "ground_truth.json").read_text())
+    return drive, gt, _detections_from_labels(gt, seed=5)
+
+
 @pytest.mark.timeout(240)
 def test_the_same_detections_get_the_same_rig_ids_whatever_the_batch_spread(
     in_process: Cli, tmp_path: Path
 ) -> None:
-    drive = tmp_path / "drive"
-    code, err = in_process(
-        ["simulate", "--out", str(drive), "--preset", "crossing", "--seed", "31",
-         "--seconds", "5"]
-    )  # fmt: skip
-    assert code == 0, err
-    gt = json.loads((drive / "ground_truth.json").read_text())
-    lines = _detections_from_labels(gt, seed=5)
+    drive, gt, lines = _crossing(in_process, tmp_path / "drive", seconds=5)
     shares = {}
     for spread in (0, 3, 7):
         for hold_s, mode in ((2.0, "replay"), (0.0, "live")):
@@ -91,14 +97,7 @@ def test_with_looks_the_rig_ids_hold_whatever_the_batch_spread(
     from drivepercept.rig import load_rig
     from drivepercept.run.recorded_frames import RecordedFrames
 
-    drive = tmp_path / "drive"
-    code, err = in_process(
-        ["simulate", "--out", str(drive), "--preset", "crossing", "--seed", "31",
-         "--seconds", "5"]
-    )  # fmt: skip
-    assert code == 0, err
-    gt = json.loads((drive / "ground_truth.json").read_text())
-    lines = _detections_from_labels(gt, seed=5)
+    drive, gt, lines = _crossing(in_process, tmp_path / "drive", seconds=5)
     cameras = load_rig(drive / "rig.toml").cameras
     shares, ids = {}, {}
     for spread in (0, 3, 7):
@@ -170,14 +169,7 @@ def test_retrack_with_a_detection_interval_predicts_the_frames_between(
     one after (the cameras staggered); the tracker answers the others, flagged."""
     from drivepercept.errors import ConfigError
 
-    drive = tmp_path / "drive"
-    code, err = in_process(
-        ["simulate", "--out", str(drive), "--preset", "crossing", "--seed", "31",
-         "--seconds", "3"]
-    )  # fmt: skip
-    assert code == 0, err
-    gt = json.loads((drive / "ground_truth.json").read_text())
-    lines = _detections_from_labels(gt, seed=5)
+    drive, gt, lines = _crossing(in_process, tmp_path / "drive", seconds=3)
     run = retrack(drive / "rig.toml", lines, detect_every=3)
     by_camera: dict[str, list[dict[str, Any]]] = {}
     for line in run.detections:
