@@ -425,6 +425,46 @@ def test_a_long_vehicle_seen_at_both_ends_is_one_object_when_it_looks_alike() ->
         assert a != b, (name, ahead)
 
 
+def test_a_long_vehicle_keeps_its_ends_when_a_nearer_object_comes() -> None:
+    """The bus's place is the mean of its two ends, 5 m from each: each end's link holds
+    while a car only `back` sees appears beside the back end (a link dropped there would
+    be matched to the car, 0.5 m away, not to the bus)."""
+    fusion = RigFusion(_cams())
+    for k in range(6):
+        obs = [
+            Observation("back_left", 1, "bus", (0, 0, 1, 1), (3.0, 6.0), look=RED),
+            Observation("front_left", 2, "bus", (0, 0, 1, 1), (13.0, 6.0), look=RED),
+        ]
+        if k >= 1:
+            obs.append(Observation("back", 3, "car", (0, 0, 1, 1), (3.5, 6.5), look=RED))
+        got, _ = fusion.step(k / 10, obs)
+        assert got[("front_left", 2)] == got[("back_left", 1)]
+        if k >= 1:
+            assert got[("back", 3)] != got[("back_left", 1)]
+
+
+def test_a_long_vehicles_two_ends_first_seen_apart_merge_when_alike_within_its_length() -> None:
+    """The front end is first placed 17 m ahead of the back end (two objects); once within
+    a bus's length of each other, alike, for `merge_steps` steps, they are one (the younger
+    id joins the older). Unlike, they stay two."""
+
+    def links(front_look: np.ndarray) -> list[tuple[int, int]]:
+        fusion, out = RigFusion(_cams()), []
+        for k in range(7):
+            ahead = (20.0, 6.0) if k < 2 else (13.0, 6.0)
+            got, _ = fusion.step(k / 10, [
+                Observation("back_left", 1, "bus", (0, 0, 1, 1), (3.0, 6.0), look=RED),
+                Observation("front_left", 2, "bus", (0, 0, 1, 1), ahead, look=front_look),
+            ])  # fmt: skip
+            out.append((got[("back_left", 1)], got[("front_left", 2)]))
+        return out
+
+    alike = links(RED)
+    assert alike[0][0] != alike[0][1]  # 17 m apart: two
+    assert alike[-1][0] == alike[-1][1] == alike[0][0]  # merged, the older id kept
+    assert all(a != b for a, b in links(BLUE))
+
+
 def test_look_settings_out_of_range_are_refused() -> None:
     with pytest.raises(ConfigError, match="look_gate must be in"):
         FusionParams(look_gate=0.0)

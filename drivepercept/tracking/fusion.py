@@ -232,11 +232,12 @@ class RigFusion:
             return False
         if self._looks(obj.look, obs.look) > self.params.look_gate:
             return False
-        reach = self._reach(obj.look, obs.look)
+        alike = self._alike(obj.look, obs.look)
         where = self._where(gid, now, time_of(obs, t_s))
-        length = _length(obj.class_name, obs.class_name) if reach > 1.0 else 0.0
+        length = _length(obj.class_name, obs.class_name) if alike else 0.0
         if length > 0 and math.dist(where, obs.xy) <= length:
             return True  # alike, and within a long vehicle's length
+        reach = self.params.look_reach if alike else 1.0
         return _apart(self.params, obs.xy, where, reach) <= KEEP_GATES
 
     @staticmethod
@@ -244,11 +245,11 @@ class RigFusion:
         """How unlike two looks are (cosine distance); 0 where either is not known."""
         return 0.0 if a is None or b is None else float(1.0 - a @ b)
 
-    def _reach(self, a: Features | None, b: Features | None) -> float:
-        """The gate's length along the line of sight, in gates: `look_reach` for two that
-        look alike, else 1."""
-        alike = a is not None and b is not None and self._looks(a, b) <= self.params.look_match
-        return self.params.look_reach if alike else 1.0
+    def _alike(self, a: Features | None, b: Features | None) -> bool:
+        """Whether two looks are both known and alike (`look_match`): the gate reaches
+        `look_reach` along the line of sight, and a long vehicle's length any way (the one
+        test of the three places that join: `_keeps`, `_match`, `_merge`)."""
+        return a is not None and b is not None and self._looks(a, b) <= self.params.look_match
 
     def _match(
         self,
@@ -361,7 +362,7 @@ class RigFusion:
                 a, b = self._objects[gid].look, self._objects[other].look
                 if self._looks(a, b) > self.params.look_gate:
                     continue  # two that look unlike each other are two
-                alike = self._reach(a, b) > 1.0
+                alike = self._alike(a, b)
                 long = _length(self._objects[gid].class_name, self._objects[other].class_name)
                 if math.hypot(x - ox, y - oy) <= max(reach * wide, long if alike else 0.0) or (
                     alike and _apart(self.params, (x, y), (ox, oy), self.params.look_reach) <= 1.0
@@ -404,9 +405,11 @@ class RigFusion:
                 scale = math.sqrt(float(look @ look)) or 1.0
                 look = LOOK_MOMENTUM * obj.look + ((1.0 - LOOK_MOMENTUM) / scale) * look
             obj.look = look / (math.sqrt(float(look @ look)) or 1.0)
-        if len(group) > 1:  # the class most of its sightings say
-            names = [o.class_name for o in group]
-            obj.class_name = max(names, key=names.count)
+        if len(group) > 1:  # the class most of its sightings say; a tie: its own if tied,
+            names = [o.class_name for o in group]  # else the first by name (not by camera)
+            most = max(map(names.count, names))
+            tied = sorted({n for n in names if names.count(n) == most})
+            obj.class_name = obj.class_name if obj.class_name in tied else tied[0]
         else:
             obj.class_name = group[0].class_name
         speed = None if obj.velocity is None else math.hypot(*obj.velocity)
