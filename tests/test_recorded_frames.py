@@ -41,12 +41,17 @@ def test_retrack_with_the_recordings_gives_the_replays_ids(in_process: Cli, tmp_
     assert boxes > 300
     for line, new in zip(lines, again.detections, strict=True):
         assert new["track_ids"] == line["track_ids"], (line["camera"], line["frame_index"])
-        assert new["global_ids"] == line["global_ids"], (line["camera"], line["frame_index"])
+    # the rig's steps are formed by time, so the global ids are the replay's too (all of
+    # them here; held to 98 % of the lines in case a loaded machine batched a camera late)
+    pairs = list(zip(lines, again.detections, strict=True))
+    same = sum(new["global_ids"] == line["global_ids"] for line, new in pairs)
+    assert same >= 0.98 * len(lines), f"{same} of {len(lines)} lines"
     # on motion alone (no pixels) the same boxes are tracked differently somewhere
     alone = retrack(SAMPLE / "rig.toml", lines)
     assert alone.with_pixels == 0
-    pairs = zip(lines, alone.detections, strict=True)
-    assert any(a["track_ids"] != b["track_ids"] for a, b in pairs)
+    assert any(
+        a["track_ids"] != b["track_ids"] for a, b in zip(lines, alone.detections, strict=True)
+    )
 
 
 def test_a_frame_that_is_not_the_lines_is_not_handed_over() -> None:
@@ -58,9 +63,37 @@ def test_a_frame_that_is_not_the_lines_is_not_handed_over() -> None:
         assert first is not None and first.shape == (360, 640, 3) and first.dtype == np.uint8
         assert frames(front, 3, 3 / 15) is not None  # read forward, skipping frames
         assert frames(front, 2, 2 / 15) is None  # behind the frame read: not kept
-        assert frames(front, 4, 9.0) is None  # another time: another recording's frame
-        assert frames(front, 100_000, 0.0) is None  # past the end
-        assert frames(front, 5, 5 / 15) is None  # and the camera is closed after its end
+        assert frames(front, 4, 4 / 15 + 0.03) is None  # no frame at that time
+        assert frames(front, 5, 5 / 15) is not None  # (it read up to this one)
+        assert frames(front, 100_000, 1e4) is None  # past the end
+        assert frames(front, 6, 6 / 15) is None  # and the camera is closed after its end
         assert frames(cameras[1].name, 0, 0.0) is not None  # the others go on
         assert frames("dash", 0, 0.0) is None and frames("nobody", 0, 0.0) is None
-        assert (frames.handed, frames.missed) == (3, 6)
+        assert frames(front, 7, float("nan")) is None
+        assert (frames.handed, frames.missed) == (4, 7)
+
+
+def test_frames_are_found_by_time_past_one_that_does_not_decode(tmp_path: Path) -> None:
+    """An image folder with a file that does not decode: the replay skips it, and its
+    decoder's frame indices either skip it (decoded at once) or count it (decoding
+    deferred: --realtime, live); found by their times, the frames after it are the right
+    ones either way."""
+    import cv2
+
+    from drivepercept.sources.readers import DEFAULT_FOLDER_FPS
+
+    folder = tmp_path / "cam"
+    folder.mkdir()
+    for k in range(6):
+        image = np.full((48, 64, 3), 40 * k, np.uint8)
+        if k == 2:
+            (folder / f"{k:03d}.png").write_bytes(b"\x89PNG\r\n\x1a\n not a png")
+        else:
+            assert cv2.imwrite(str(folder / f"{k:03d}.png"), image)
+    fps = DEFAULT_FOLDER_FPS
+    with RecordedFrames([CameraConfig(name="cam", video=folder)]) as frames:
+        got = {k: frames("cam", k, k / fps) for k in (0, 1, 2, 3, 5)}
+    assert got[2] is None  # the file that does not decode
+    for k in (0, 1, 3, 5):
+        found = got[k]
+        assert found is not None and int(found[0, 0, 0]) == 40 * k

@@ -1,22 +1,26 @@
-"""A rig's recorded frames read again, by camera and frame index, for offline re-tracking.
+"""A rig's recorded frames read again, by camera and time, for offline re-tracking.
 
 The tracking stage reads each box's looks from the frame the model saw (issue 44). A run's
 `detections.jsonl` keeps the boxes, not the pixels, so `retrack` over a run's lines tracked
 on motion alone, and its ids were not the replay's. `RecordedFrames` opens every camera's
 recording with the replay's own readers (`sources.open.open_cameras`, as fast as they
 decode: video files, image folders, recorded topics) and hands `retrack` the frame a line
-names. Frames are counted as the replay's decoders count them (a frame that does not decode
-is skipped and not counted), and a frame whose presentation time is not the line's is not
-handed over (a recording that is not the run's): that frame is tracked on motion alone.
+names, found by its presentation time (`pts_s`, as the line has it): a frame that does not
+decode is skipped here, and a run whose decoder deferred decoding (`replay --realtime`,
+live) counted it in its frame indices, so the index alone could name the wrong frame. A
+line whose time no frame has (a recording that is not the run's) gets None: that frame is
+tracked on motion alone.
 
 Each camera is read forward once and only its latest frame is kept (one frame a camera in
-memory), so frames must be asked for in each camera's order, as `retrack` does; a frame
-behind the one read, or past the recording's end, is None.
+memory), so frames must be asked for in each camera's time order, as `retrack` does; a
+frame behind the one read, or past the recording's end, is None.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import threading
 from collections.abc import Sequence
 from types import TracebackType
@@ -31,24 +35,25 @@ from drivepercept.types import ImageU8, Pacing
 
 log = logging.getLogger(__name__)
 
-PTS_TOLERANCE_S = 1e-3  # a line's pts_s (rounded in the jsonl) and its frame's
+PTS_TOLERANCE_S = 1e-3  # a line's pts_s and its frame's (the same float, unless the reader's
+# time base rounds differently between two reads of one file)
 
 
 class _Camera:
-    """One camera's reader, read forward: its latest frame, its index and time."""
+    """One camera's reader, read forward: its latest frame and that frame's time."""
 
     def __init__(self, reader: FrameReader) -> None:
         self.reader: FrameReader | None = reader
-        self.index = -1  # of the frame held
         self.image: ImageU8 | None = None
-        self.pts_s = 0.0
+        self.pts_s = -math.inf  # of the frame held
 
-    def at(self, frame_index: int) -> tuple[ImageU8, float] | None:
-        while self.reader is not None and self.index < frame_index:
+    def at(self, pts_s: float) -> ImageU8 | None:
+        """The frame at `pts_s` (within `PTS_TOLERANCE_S`), reading forward to it."""
+        while self.reader is not None and self.pts_s < pts_s - PTS_TOLERANCE_S:
             self._next()
-        if self.index != frame_index or self.image is None:
-            return None
-        return self.image, self.pts_s
+        if self.image is None or not abs(self.pts_s - pts_s) <= PTS_TOLERANCE_S:
+            return None  # (a NaN time matches nothing)
+        return self.image
 
     def _next(self) -> None:
         assert self.reader is not None
@@ -62,15 +67,16 @@ class _Camera:
             return
         try:
             image = got.image_bgr
-        except (CorruptFrameError, cv2.error):  # skipped and not counted, as in a replay
+        except (CorruptFrameError, cv2.error):  # skipped, as in a replay
             return
-        self.index += 1
         self.image, self.pts_s = image, got.pts_s
+        if not math.isfinite(self.pts_s):  # no time to find it by: nothing after it either
+            self.close()
 
     def close(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
-        self.reader, self.image = None, None
+        reader, self.reader, self.image = self.reader, None, None
+        if reader is not None:
+            reader.close()
 
 
 class RecordedFrames:
@@ -97,17 +103,21 @@ class RecordedFrames:
         self.missed = 0  # frames asked for and not handed over
 
     def __call__(self, camera: str, frame_index: int, pts_s: float) -> ImageU8 | None:
+        """The camera's frame at `pts_s` (`frame_index` is the line's, for the lookup's
+        signature: frames are found by time, see the module docstring)."""
         cam = self._cameras.get(camera)
-        got = None if cam is None else cam.at(frame_index)
-        if got is None or abs(got[1] - pts_s) > PTS_TOLERANCE_S:
+        image = None if cam is None else cam.at(pts_s)
+        if image is None:
             self.missed += 1
             return None
         self.handed += 1
-        return got[0]
+        return image
 
     def close(self) -> None:
-        for cam in self._cameras.values():
-            cam.close()
+        """Every reader closed (one that fails to close does not keep the others open)."""
+        with contextlib.ExitStack() as stack:
+            for cam in self._cameras.values():
+                stack.callback(cam.close)
 
     def __enter__(self) -> RecordedFrames:
         return self

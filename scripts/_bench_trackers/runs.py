@@ -412,10 +412,11 @@ def run_retrack(drive: Drive, lines: Sequence[Line]) -> Tracked:
     from drivepercept.run.recorded_frames import RecordedFrames
     from drivepercept.run.retrack import retrack
 
-    videos = all(c in drive.videos and drive.videos[c].is_file() for c in drive.cameras)
+    cameras = load_rig(drive.rig_toml).cameras if drive.rig_toml.is_file() else ()
+    videos = bool(cameras) and all(c.video is not None and c.video.is_file() for c in cameras)
     t0 = time.perf_counter_ns()
-    if videos:
-        with RecordedFrames(load_rig(drive.rig_toml).cameras) as frames:
+    if videos:  # (every rig camera's: RecordedFrames opens them all)
+        with RecordedFrames(cameras) as frames:
             result = retrack(
                 drive.rig_toml, [dict(x) for x in lines], spread_frames=0, frames=frames
             )
