@@ -59,17 +59,17 @@ def test_a_frame_that_is_not_the_lines_is_not_handed_over() -> None:
     live_only = CameraConfig(name="dash", source="/dev/video9")  # never opened
     with RecordedFrames([*cameras[:2], live_only]) as frames:
         front = cameras[0].name
-        first = frames(front, 0, 0.0)
+        first = frames(front, 0.0)
         assert first is not None and first.shape == (360, 640, 3) and first.dtype == np.uint8
-        assert frames(front, 3, 3 / 15) is not None  # read forward, skipping frames
-        assert frames(front, 2, 2 / 15) is None  # behind the frame read: not kept
-        assert frames(front, 4, 4 / 15 + 0.03) is None  # no frame at that time
-        assert frames(front, 5, 5 / 15) is not None  # (it read up to this one)
-        assert frames(front, 100_000, 1e4) is None  # past the end
-        assert frames(front, 6, 6 / 15) is None  # and the camera is closed after its end
-        assert frames(cameras[1].name, 0, 0.0) is not None  # the others go on
-        assert frames("dash", 0, 0.0) is None and frames("nobody", 0, 0.0) is None
-        assert frames(front, 7, float("nan")) is None
+        assert frames(front, 3 / 15) is not None  # read forward, skipping frames
+        assert frames(front, 2 / 15) is None  # behind the frame read: not kept
+        assert frames(front, 4 / 15 + 0.03) is None  # no frame at that time
+        assert frames(front, 5 / 15) is not None  # (it read up to this one)
+        assert frames(front, 1e4) is None  # past the end
+        assert frames(front, 6 / 15) is None  # and the camera is closed after its end
+        assert frames(cameras[1].name, 0.0) is not None  # the others go on
+        assert frames("dash", 0.0) is None and frames("nobody", 0.0) is None
+        assert frames(front, float("nan")) is None
         assert (frames.handed, frames.missed) == (4, 7)
 
 
@@ -92,7 +92,7 @@ def test_frames_are_found_by_time_past_one_that_does_not_decode(tmp_path: Path) 
             assert cv2.imwrite(str(folder / f"{k:03d}.png"), image)
     fps = DEFAULT_FOLDER_FPS
     with RecordedFrames([CameraConfig(name="cam", video=folder)]) as frames:
-        got = {k: frames("cam", k, k / fps) for k in (0, 1, 2, 3, 5)}
+        got = {k: frames("cam", k / fps) for k in (0, 1, 2, 3, 5)}
     assert got[2] is None  # the file that does not decode
     for k in (0, 1, 3, 5):
         found = got[k]

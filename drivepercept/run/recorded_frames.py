@@ -80,7 +80,7 @@ class _Camera:
 
 
 class RecordedFrames:
-    """`(camera, frame_index, pts_s) -> the frame's BGR pixels or None` over a rig's
+    """`(camera, pts_s) -> the frame's BGR pixels or None` over a rig's
     recordings (a camera with only a live source has none: None); a context manager (it
     closes the readers).
 
@@ -102,9 +102,8 @@ class RecordedFrames:
         self.handed = 0  # frames handed over
         self.missed = 0  # frames asked for and not handed over
 
-    def __call__(self, camera: str, frame_index: int, pts_s: float) -> ImageU8 | None:
-        """The camera's frame at `pts_s` (`frame_index` is the line's, for the lookup's
-        signature: frames are found by time, see the module docstring)."""
+    def __call__(self, camera: str, pts_s: float) -> ImageU8 | None:
+        """The camera's frame at `pts_s` (found by time, not index: the module docstring)."""
         cam = self._cameras.get(camera)
         image = None if cam is None else cam.at(pts_s)
         if image is None:

@@ -46,7 +46,7 @@ from drivepercept.types import (
 from drivepercept.types.objects import RigStep
 
 Line = Mapping[str, Any]
-FrameLookup = Callable[[str, int, float], ImageU8 | None]  # (camera, frame_index, pts_s)
+FrameLookup = Callable[[str, float], ImageU8 | None]  # (camera, pts_s) -> the frame
 _NO_TIMING = FrameTiming(*([0] * len(fields(FrameTiming))))
 
 
@@ -160,8 +160,8 @@ def retrack(
             frame always, the cameras staggered) and let the tracker answer the others
             with its tracks moved on to their time (`"predicted": true` lines): what a
             detection interval costs in accuracy, on the same boxes.
-        frames: each detected line's frame, `(camera, frame_index, pts_s) -> BGR pixels
-            or None` (`RecordedFrames`), asked for in each camera's frame order: the boxes'
+        frames: each detected line's frame, `(camera, pts_s) -> BGR pixels or None`
+            (`RecordedFrames`), asked for in each camera's time order: the boxes'
             looks are read from it, as in the replay (None, or no `frames`: motion alone).
 
     Raises:
@@ -223,7 +223,7 @@ def retrack(
     def pixels(line: Line) -> ImageU8 | None:
         if frames is None:
             return None
-        return frames(str(line["camera"]), int(line["frame_index"]), float(line["pts_s"]))
+        return frames(str(line["camera"]), float(line["pts_s"]))
 
     with_pixels = 0
     for number, batch in enumerate(sorted(batches)):

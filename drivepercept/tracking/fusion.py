@@ -363,8 +363,9 @@ class RigFusion:
                 if self._looks(a, b) > self.params.look_gate:
                     continue  # two that look unlike each other are two
                 alike = self._alike(a, b)
-                long = _length(self._objects[gid].class_name, self._objects[other].class_name)
-                if math.hypot(x - ox, y - oy) <= max(reach * wide, long if alike else 0.0) or (
+                names = self._objects[gid].class_name, self._objects[other].class_name
+                long = _length(*names) if alike else 0.0
+                if math.hypot(x - ox, y - oy) <= max(reach * wide, long) or (
                     alike and _apart(self.params, (x, y), (ox, oy), self.params.look_reach) <= 1.0
                 ):
                     close[(gid, other)] = self._close.get((gid, other), 0) + 1

@@ -20,6 +20,8 @@ import numpy.typing as npt
 
 from _bench_trackers.inputs import Drive, Line, by_camera
 from drivepercept.eval.tracking import box_iou, match
+from drivepercept.rig import CameraConfig, load_rig
+from drivepercept.run.recorded_frames import RecordedFrames
 from drivepercept.tracking.appearance import DIM, box_features
 from drivepercept.tracking.bytetrack import TrackParams
 from drivepercept.tracking.camera_tracker import CameraTracker
@@ -251,29 +253,13 @@ def peer_version(spec: PeerSpec) -> str:
     return f"{spec.module} {importlib.metadata.version(spec.module)}"
 
 
-class VideoFrames:
-    """A camera's video read forward, frame by frame (BoT-SORT's motion compensation)."""
-
-    def __init__(self, path: Path) -> None:
-        import cv2
-
-        self._cap = cv2.VideoCapture(str(path))
-        if not self._cap.isOpened():
-            raise ValueError(f"cannot open video {path}")
-        self._next = 0
-        self._frame: np.ndarray | None = None
-
-    def at(self, index: int) -> np.ndarray | None:
-        """Frame `index` (not before the previous one asked); None past the end."""
-        while self._next <= index:
-            ok, self._frame = self._cap.read()
-            self._next += 1
-            if not ok:
-                self._frame = None
-        return self._frame
-
-    def close(self) -> None:
-        self._cap.release()
+def _video_frames(camera: str, video: Path | None) -> RecordedFrames | None:
+    """A camera's video read forward by the project's own readers, its frames found by the
+    lines' times (BoT-SORT's motion compensation; our looks); None where there is no
+    video."""
+    if video is None or not video.is_file():
+        return None
+    return RecordedFrames([CameraConfig(name=camera, video=video)])
 
 
 def run_peer(
@@ -308,8 +294,7 @@ def run_peer(
             warnings.simplefilter("ignore", FutureWarning)  # sv.ByteTrack's deprecation
             tracker = make(**kwargs)
         step = getattr(tracker, spec.method)
-        video = drive.videos.get(cam) if spec.video_frames else None
-        frames = VideoFrames(video) if video is not None and video.is_file() else None
+        frames = _video_frames(cam, drive.videos.get(cam)) if spec.video_frames else None
         if spec.video_frames and frames is None:
             notes.append(f"{cam}: no video, no motion compensation")
         try:
@@ -323,7 +308,7 @@ def run_peer(
                 )
                 call: dict[str, Any] = {}
                 if frames is not None:
-                    call["frame"] = frames.at(int(line["frame_index"]))
+                    call["frame"] = frames(cam, float(line.get("pts_s", -1.0)))
                 t0 = time.perf_counter_ns()
                 result = step(det, **call)
                 frame_ns.append(time.perf_counter_ns() - t0)
@@ -368,13 +353,12 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
     for cam, cam_lines in by_camera(lines).items():
         tracker = CameraTracker(params)
         fps = drive.fps.get(cam, 15.0)
-        video = drive.videos.get(cam)
-        frames = VideoFrames(video) if video is not None and video.is_file() else None
+        frames = _video_frames(cam, drive.videos.get(cam))
         try:
             for line in cam_lines:
                 boxes, scores, labels = frame_arrays(line)
                 t_s = float(line.get("pts_s", int(line["frame_index"]) / fps))
-                image = frames.at(int(line["frame_index"])) if frames is not None else None
+                image = frames(cam, t_s) if frames is not None else None
                 features = None
                 if image is not None:
                     features = np.zeros((len(scores), DIM), np.float32)
@@ -408,8 +392,6 @@ def run_retrack(drive: Drive, lines: Sequence[Line]) -> Tracked:
     tracked again, offline, with global ids and placed objects; each frame's pixels from the
     drive's videos where it has them all (`RecordedFrames`: the looks, as the run read them;
     the ids then are the run's own), else on motion alone."""
-    from drivepercept.rig import load_rig
-    from drivepercept.run.recorded_frames import RecordedFrames
     from drivepercept.run.retrack import retrack
 
     cameras = load_rig(drive.rig_toml).cameras if drive.rig_toml.is_file() else ()
