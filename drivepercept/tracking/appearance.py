@@ -41,6 +41,13 @@ SIDE_CUT, END_CUT = 0.15, 0.10  # of the box's width and height, cut from each s
 DIM = BANDS * (HUE_BINS + VALUE_BINS)
 MAX_BOXES = 4096  # boxes read per frame at most (the others get no appearance)
 _BAND = (np.arange(CROP_H) * BANDS // CROP_H)[:, None].repeat(CROP_W, axis=1).ravel()
+# per 8-bit HSV channel value (OpenCV's hue runs 0-179): its hue bin, its brightness bin
+# (after the hue bins), its saturation (a hue's weight) and its lack (a brightness's weight)
+_LEVELS = np.arange(256)
+_HUE_BIN = np.minimum(_LEVELS * HUE_BINS // 180, HUE_BINS - 1)
+_VALUE_BIN = HUE_BINS + np.minimum(_LEVELS * VALUE_BINS // 256, VALUE_BINS - 1)
+_SATURATION = _LEVELS.astype(np.float32) / 255.0
+_GREY = 1.0 - _SATURATION
 
 
 def box_features(image_bgr: ImageU8, xyxy: FloatArray) -> Features:
@@ -137,13 +144,12 @@ def frames_features(frames: Sequence[tuple[ImageU8, npt.ArrayLike]]) -> list[Fea
     # each cell the mean of its SAMPLES x SAMPLES points: one resize of the stacked grids
     crops = cv2.resize(grid, (CROP_W, n * CROP_H), interpolation=cv2.INTER_AREA)
     hsv = cv2.cvtColor(crops, cv2.COLOR_BGR2HSV).reshape(n, CROP_H * CROP_W, 3)
-    hue = np.minimum(hsv[..., 0].astype(np.int64) * HUE_BINS // 180, HUE_BINS - 1)
-    saturation = hsv[..., 1].astype(np.float32) / 255.0
-    value = np.minimum(hsv[..., 2].astype(np.int64) * VALUE_BINS // 256, VALUE_BINS - 1)
     bins = HUE_BINS + VALUE_BINS
     base = (np.arange(n)[:, None] * BANDS + _BAND[None, :]) * bins
-    index = np.concatenate([(base + hue).ravel(), (base + HUE_BINS + value).ravel()])
-    weight = np.concatenate([saturation.ravel(), (1.0 - saturation).ravel()])
+    index = np.concatenate(
+        [(base + _HUE_BIN[hsv[..., 0]]).ravel(), (base + _VALUE_BIN[hsv[..., 2]]).ravel()]
+    )
+    weight = np.concatenate([_SATURATION[hsv[..., 1]].ravel(), _GREY[hsv[..., 1]].ravel()])
     hist = np.bincount(index, weights=weight, minlength=n * BANDS * bins).astype(float)
     hist = hist.reshape(n, BANDS, bins)
     hist /= np.maximum(hist.sum(axis=2, keepdims=True), 1e-12)
@@ -161,10 +167,13 @@ def has_features(features: Features) -> npt.NDArray[np.bool_]:
     return np.asarray(features.any(axis=1), np.bool_)
 
 
-def feature_distance(tracks: Features, boxes: Features) -> FloatArray:
+def feature_distance(
+    tracks: Features, boxes: Features, known: npt.NDArray[np.bool_] | None = None
+) -> FloatArray:
     """`(T, N)` how unlike tracks' and boxes' features look (cosine distance, 0 to 2);
-    0 where either has none (a row of zeros): nothing is known against the pair."""
-    has = has_features(tracks)[:, None] & has_features(boxes)[None, :]
+    0 where either has none (a row of zeros): nothing is known against the pair (`known`:
+    the pairs where both have, if the caller has it already)."""
+    has = has_features(tracks)[:, None] & has_features(boxes)[None, :] if known is None else known
     out: FloatArray = np.where(has, 1.0 - tracks @ boxes.T, 0.0).astype(np.float64)
     return out
 

@@ -167,8 +167,9 @@ class ByteTracker:
         if p.class_aware:
             same &= tracks.labels[:, None] == label[None, :]
         looks = feature.shape[1] > 0  # (known: both sides have looks; 0 apart where not)
-        known = has_features(tracks.feature)[:, None] & has_features(feature)[None, :]
-        distance = feature_distance(tracks.feature, feature)
+        track_has, box_has = has_features(tracks.feature), has_features(feature)
+        known = track_has[:, None] & box_has[None, :]
+        distance = feature_distance(tracks.feature, feature, known)
         same &= ~(distance > p.appearance_gate)  # never a box that looks unlike the track
         iou = np.where(same, box_iou(track_boxes, np.where(valid[:, None], boxes, 0.0)), 0.0)
         remembered = self._remembered(row_t)
@@ -209,7 +210,7 @@ class ByteTracker:
                 pair(rows, dets, fit, p.recover_iou)
         if looks and p.recognise_buffer > 0:
             lost = confirmed & tracks.lost
-            rows = _indices(lost & (row_det < 0) & has_features(tracks.feature))
+            rows = _indices(lost & (row_det < 0) & track_has)
             dets = _indices(high & (det_row < 0))
             block = np.ix_(rows, dets)
             allowed = same[block] & known[block]
@@ -238,7 +239,7 @@ class ByteTracker:
             tracks.score[matched] = score[row_det[matched]]
             tracks.last_s[matched] = row_t[matched]
             tracks.labels[matched] = label[row_det[matched]]
-            teach = matched[high[row_det[matched]] & has_features(feature[row_det[matched]])]
+            teach = matched[high[row_det[matched]] & box_has[row_det[matched]]]
             if looks and len(teach):  # only sure boxes teach a track its looks
                 tracks.feature[teach] = blend(
                     tracks.feature[teach], feature[row_det[teach]], p.appearance_momentum

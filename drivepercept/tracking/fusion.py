@@ -171,6 +171,7 @@ class RigFusion:
         self._close: dict[tuple[int, int], int] = {}  # object pairs close for n steps
         self._crossed: dict[tuple[str, int, int], int] = {}  # track pairs better swapped
         self._objects: dict[int, _Object] = {}
+        self._seen: list[int] = []  # the objects seen in the last step (`seen_by` set)
         self._next_id = 1
         self.objects_made = 0
 
@@ -185,8 +186,9 @@ class RigFusion:
         """Join one step's observations: ({(camera, track_id): global id}, the objects)."""
         for old in [g for g, o in self._objects.items() if t_s - o.t_s > self.params.keep_s]:
             del self._objects[old]
-        for o in self._objects.values():
-            o.seen_by = set()
+        for gid in self._seen:  # (only last step's objects were seen by any camera)
+            if gid in self._objects:
+                self._objects[gid].seen_by = set()
         now: dict[int, list[Observation]] = defaultdict(list)
         pending: dict[str, list[Observation]] = defaultdict(list)
         for obs in observations:
@@ -203,6 +205,7 @@ class RigFusion:
         self._merge(now, t_s)
         objects = tuple(self._update(gid, group, t_s) for gid, group in sorted(now.items()))
         ids = {(o.camera, o.track_id): gid for gid, group in now.items() for o in group}
+        self._seen = list(now)
         if len(self._links) > 2 * len(ids) + 64:  # ended tracks' links to expired objects
             self._links = {k: g for k, g in self._links.items() if g in self._objects}
         return ids, objects
@@ -230,9 +233,10 @@ class RigFusion:
             or _kind(obj.class_name) != _kind(obs.class_name)
         ):
             return False
-        if self._looks(obj.look, obs.look) > self.params.look_gate:
+        unlike = self._looks(obj.look, obs.look)
+        if unlike > self.params.look_gate:
             return False
-        alike = self._alike(obj.look, obs.look)
+        alike = self._alike(obj.look, obs.look, unlike)
         where = self._where(gid, now, time_of(obs, t_s))
         length = _length(obj.class_name, obs.class_name) if alike else 0.0
         if length > 0 and math.dist(where, obs.xy) <= length:
@@ -245,11 +249,25 @@ class RigFusion:
         """How unlike two looks are (cosine distance); 0 where either is not known."""
         return 0.0 if a is None or b is None else float(1.0 - a @ b)
 
-    def _alike(self, a: Features | None, b: Features | None) -> bool:
-        """Whether two looks are both known and alike (`look_match`): the gate reaches
-        `look_reach` along the line of sight, and a long vehicle's length any way (the one
-        test of the three places that join: `_keeps`, `_match`, `_merge`)."""
-        return a is not None and b is not None and self._looks(a, b) <= self.params.look_match
+    @staticmethod
+    def _looks_apart(looks: Sequence[Features | None]) -> list[list[float]]:
+        """`_looks` of every pair of `looks`, one product for them all."""
+        known = [look for look in looks if look is not None]
+        if not known:
+            return [[0.0] * len(looks) for _ in looks]
+        stack = np.zeros((len(looks), len(known[0])), known[0].dtype)
+        has = np.array([look is not None for look in looks])
+        stack[has] = known
+        apart = np.where(has[:, None] & has[None, :], 1.0 - stack @ stack.T, 0.0)
+        out: list[list[float]] = apart.tolist()
+        return out
+
+    def _alike(self, a: Features | None, b: Features | None, unlike: float) -> bool:
+        """Whether two looks are both known and alike (`look_match`; `unlike`: their
+        `_looks`): the gate reaches `look_reach` along the line of sight, and a long
+        vehicle's length any way (the one test of the three places that join: `_keeps`,
+        `_match`, `_merge`)."""
+        return a is not None and b is not None and unlike <= self.params.look_match
 
     def _match(
         self,
@@ -351,18 +369,20 @@ class RigFusion:
         cameras = {gid: {o.camera for o in now[gid]} for gid in ids}
         kinds = {gid: _kind(self._objects[gid].class_name) for gid in ids}
         rough = {gid: self._rough(gid, now) for gid in ids}
+        unlikes = self._looks_apart([self._objects[gid].look for gid in ids])
         for k, gid in enumerate(ids):
             (x, y), seen, kind = places[gid], cameras[gid], kinds[gid]
             reach = self.params.merge_m + 0.03 * math.hypot(x, y)
-            for other in ids[k + 1 :]:
+            for j, other in enumerate(ids[k + 1 :], k + 1):
                 if kinds[other] != kind or seen & cameras[other]:
                     continue
                 ox, oy = places[other]
                 wide = ROUGH_GATE if rough[gid] or rough[other] else 1.0
                 a, b = self._objects[gid].look, self._objects[other].look
-                if self._looks(a, b) > self.params.look_gate:
+                unlike = unlikes[k][j]
+                if unlike > self.params.look_gate:
                     continue  # two that look unlike each other are two
-                alike = self._alike(a, b)
+                alike = self._alike(a, b, unlike)
                 names = self._objects[gid].class_name, self._objects[other].class_name
                 long = _length(*names) if alike else 0.0
                 if math.hypot(x - ox, y - oy) <= max(reach * wide, long) or (
