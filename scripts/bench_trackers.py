@@ -15,7 +15,8 @@ detections.jsonl is tracked again by every tracker and scored with
   `drivepercept.run.retrack`, the run's boxes through the whole tracking stage again, global
   ids included; each frame's pixels read again from the drive's videos
   (`RecordedFrames`: the boxes' looks, as the run read them) where it has them all, else
-  motion alone (a note says which).
+  motion alone (a note says which); timed by the stage's own clock (`Retracked.stage_ns`:
+  the looks' reading in it, the videos' decoding not).
 * the peers, on the same boxes: each camera alone, frames in frame_index order, every box of
   the line (all scores, before any tracking) handed to Roboflow `trackers` (SORT, ByteTrack,
   OC-SORT, BoT-SORT, C-BIoU; Apache-2.0) and supervision's `sv.ByteTrack` as

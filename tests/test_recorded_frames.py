@@ -54,6 +54,30 @@ def test_retrack_with_the_recordings_gives_the_replays_ids(in_process: Cli, tmp_
     )
 
 
+def test_the_stage_time_leaves_out_reading_the_frames(tmp_path: Path) -> None:
+    """`Retracked.stage_ns` is the tracking stage's own time: a frame lookup that takes
+    20 ms a frame (decoding a recording) is not in it."""
+    import time
+
+    cameras = load_rig(SAMPLE / "rig.toml").cameras
+    lines = [
+        {"camera": c.name, "frame_index": k, "pts_s": k / 15, "boxes": [[10, 10, 60, 90]],
+         "scores": [0.9], "labels": [0], "class_names": ["car"]}
+        for k in range(5) for c in cameras
+    ]  # fmt: skip
+    image = np.zeros((720, 1280, 3), np.uint8)
+
+    def slow(camera: str, pts_s: float) -> np.ndarray:
+        time.sleep(0.02)
+        return image
+
+    started = time.perf_counter_ns()
+    out = retrack(SAMPLE / "rig.toml", lines, frames=slow)
+    total = time.perf_counter_ns() - started
+    assert out.with_pixels == len(lines) and total >= 0.02e9 * len(lines)
+    assert 0 < out.stage_ns < total - 0.02e9 * len(lines) + 1
+
+
 def test_a_frame_that_is_not_the_lines_is_not_handed_over() -> None:
     cameras = load_rig(SAMPLE / "rig.toml").cameras
     live_only = CameraConfig(name="dash", source="/dev/video9")  # never opened
