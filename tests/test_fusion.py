@@ -470,3 +470,21 @@ def test_look_settings_out_of_range_are_refused() -> None:
         FusionParams(look_gate=0.0)
     with pytest.raises(ConfigError, match="look_reach must be >= 1"):
         FusionParams(look_reach=0.5)
+
+
+def test_the_looks_of_every_pair_at_once_are_each_pairs_own() -> None:
+    """The merge takes every pair's look distance from one product (`_looks_apart`): the
+    same as each pair's own (`_looks`), and 0 where either has no looks, whatever their
+    float type."""
+    rng = np.random.default_rng(5)
+    rows = rng.random((4, 32)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    looks = [rows[0], None, rows[1], rows[2].astype(np.float64), None, rows[3]]
+    apart = RigFusion._looks_apart(looks)
+    for i, a in enumerate(looks):
+        for j, b in enumerate(looks):
+            assert apart[i][j] == pytest.approx(RigFusion._looks(a, b), abs=1e-6), (i, j)
+            if a is None or b is None:
+                assert apart[i][j] == 0.0
+    assert apart[0][0] == pytest.approx(0.0, abs=1e-6) and apart[0][2] > 0.01
+    assert RigFusion._looks_apart([None, None]) == [[0.0, 0.0], [0.0, 0.0]]

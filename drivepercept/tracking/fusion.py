@@ -251,11 +251,12 @@ class RigFusion:
 
     @staticmethod
     def _looks_apart(looks: Sequence[Features | None]) -> list[list[float]]:
-        """`_looks` of every pair of `looks`, one product for them all."""
+        """`_looks` of every pair of `looks`, one product for them all (0 where either is
+        not known)."""
         known = [look for look in looks if look is not None]
         if not known:
             return [[0.0] * len(looks) for _ in looks]
-        stack = np.zeros((len(looks), len(known[0])), known[0].dtype)
+        stack = np.zeros((len(looks), len(known[0])), np.result_type(*known))
         has = np.array([look is not None for look in looks])
         stack[has] = known
         apart = np.where(has[:, None] & has[None, :], 1.0 - stack @ stack.T, 0.0)
