@@ -43,11 +43,10 @@ matched only if that costs no more than leaving both unmatched, not to match the
 pairs.
 
 Why a batch at once: the work per frame is many small numpy calls, and their overhead, not
-their arithmetic, is the cost. One call over a six-camera batch's tracks costs about what one
-call over one camera's did, and the tracker runs on the pipeline's completion thread, where
-every millisecond holding the GIL is one the engine thread may wait for. The result is the
-same as one tracker per camera: cross-camera pairs have no overlap, so each camera's
-assignment is its own (`CameraTracker` is that one camera).
+their arithmetic, is the cost: one call over a six-camera batch's tracks costs about what one
+call over one camera's did (the stage's CPU is what tracking costs a replay whose cores are
+all busy: docs/OBJECTS.md, "What it costs"). The result is the same as one tracker per
+camera: cross-camera pairs have no overlap, so each camera's assignment is its own.
 
 Not thread-safe: one thread calls it (the pipeline's completion thread).
 """

@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from drivepercept.errors import ConfigError
 from drivepercept.rig import CameraConfig
-from drivepercept.tracking.appearance import DIM, Features, frames_features, has_features
+from drivepercept.tracking.appearance import DIM, Features, frames_features
 from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
 from drivepercept.tracking.fusion import FusionParams, RigFusion
 from drivepercept.tracking.places import Observation, cut_by_side
@@ -415,11 +415,7 @@ class RigTracker:
             widths += [size[0]] * len(keep)
             times += [frame.t_s] * len(keep)
             seen = frame.features[keep] if frame.features is not None else None
-            if seen is None:
-                looks += [None] * len(keep)
-            else:  # (a row of zeros: no looks)
-                known: list[bool] = has_features(seen).tolist()
-                looks += [f if k else None for f, k in zip(seen, known, strict=True)]
+            looks += [None] * len(keep) if seen is None else [f if f.any() else None for f in seen]
         if not kept:
             return []
         xy = np.concatenate(self.fusion.ground.place_all(kept))
