@@ -6,6 +6,7 @@ the end, a camera it has not) is not handed over."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from drivepercept.rig import CameraConfig, load_rig
 from drivepercept.run.recorded_frames import RecordedFrames
 from drivepercept.run.retrack import retrack
+from drivepercept.types import ImageU8
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_videos"
 Cli = Callable[[list[str]], tuple[int, str]]
@@ -54,11 +56,9 @@ def test_retrack_with_the_recordings_gives_the_replays_ids(in_process: Cli, tmp_
     )
 
 
-def test_the_stage_time_leaves_out_reading_the_frames(tmp_path: Path) -> None:
+def test_the_stage_time_leaves_out_reading_the_frames() -> None:
     """`Retracked.stage_ns` is the tracking stage's own time: a frame lookup that takes
     20 ms a frame (decoding a recording) is not in it."""
-    import time
-
     cameras = load_rig(SAMPLE / "rig.toml").cameras
     lines = [
         {"camera": c.name, "frame_index": k, "pts_s": k / 15, "boxes": [[10, 10, 60, 90]],
@@ -67,7 +67,7 @@ def test_the_stage_time_leaves_out_reading_the_frames(tmp_path: Path) -> None:
     ]  # fmt: skip
     image = np.zeros((720, 1280, 3), np.uint8)
 
-    def slow(camera: str, pts_s: float) -> np.ndarray:
+    def slow(camera: str, pts_s: float) -> ImageU8:
         time.sleep(0.02)
         return image
 

@@ -89,7 +89,7 @@ class _Object:
     xy: Place
     t_s: float
     placed: int = 1
-    seen_by: set[str] = field(default_factory=set)
+    seen_by: set[str] = field(default_factory=set)  # its cameras in the step being joined
     rough: bool = False  # its place came from boxes cut by the image's side only
     fit: SpeedFit = field(default_factory=lambda: SpeedFit())  # its speed
     look: Features | None = None  # a running mean of its sightings' looks
@@ -171,7 +171,6 @@ class RigFusion:
         self._close: dict[tuple[int, int], int] = {}  # object pairs close for n steps
         self._crossed: dict[tuple[str, int, int], int] = {}  # track pairs better swapped
         self._objects: dict[int, _Object] = {}
-        self._seen: list[int] = []  # the objects seen in the last step (`seen_by` set)
         self._next_id = 1
         self.objects_made = 0
 
@@ -186,9 +185,6 @@ class RigFusion:
         """Join one step's observations: ({(camera, track_id): global id}, the objects)."""
         for old in [g for g, o in self._objects.items() if t_s - o.t_s > self.params.keep_s]:
             del self._objects[old]
-        for gid in self._seen:  # (only last step's objects were seen by any camera)
-            if gid in self._objects:
-                self._objects[gid].seen_by = set()
         now: dict[int, list[Observation]] = defaultdict(list)
         pending: dict[str, list[Observation]] = defaultdict(list)
         for obs in observations:
@@ -205,7 +201,8 @@ class RigFusion:
         self._merge(now, t_s)
         objects = tuple(self._update(gid, group, t_s) for gid, group in sorted(now.items()))
         ids = {(o.camera, o.track_id): gid for gid, group in now.items() for o in group}
-        self._seen = list(now)
+        for gid in now:  # the cameras that saw it: this step's alone
+            self._objects[gid].seen_by = set()
         if len(self._links) > 2 * len(ids) + 64:  # ended tracks' links to expired objects
             self._links = {k: g for k, g in self._links.items() if g in self._objects}
         return ids, objects
