@@ -5,6 +5,7 @@ the report; a rig without geometry tracks per camera only, with one line saying 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,11 +73,13 @@ def test_track_adds_identities_and_the_rigs_objects(in_process: Cli, tmp_path: P
     assert tracking["placed"] is True and tracking["rig_objects"] == len({o["id"] for o in objects})
     assert sum(c["tracks"] for c in tracking["cameras"].values()) == len(set(ids))
     assert 0 < tracking["ms_per_frame"] < 1000  # the stage's own time, per camera frame
+    assert 0 < tracking["cpu_ms_per_frame"] <= tracking["ms_per_frame"] * 1.05  # (CPU <= wall)
     assert all(c["unconfirmed_died"] >= 0 for c in tracking["cameras"].values())
     assert "died unconfirmed" in (run / "report.html").read_text()
     assert record["summary"]["source_spread_ms"]["max"] == 0.0  # batches in time order
     html = (run / "report.html").read_text()
     assert "<h2>Tracking</h2>" in html and "objects across the rig" in html
+    assert "ms of its thread&#x27;s CPU" in html or "ms of its thread's CPU" in html
 
 
 @pytest.mark.timeout(180)
@@ -221,6 +224,25 @@ def test_a_frame_that_was_not_detected_gets_its_tracks_moved_on() -> None:
     (after,) = tracker([_frame("front", 6, _seen(6))])
     ids = after.detections.track_ids
     assert ids is not None and ids.tolist() == [1] and not after.detections.predicted
+
+
+def test_the_stage_tells_its_cpu_from_its_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cpu_ms_per_frame` is the CPU the calling thread spent in the stage, `ms_per_frame`
+    its wall clock: time spent waiting in it (in a run, for a core or the GIL; here a
+    sleep) is in the second only."""
+    tracker = RigTracker([CameraConfig(name="front")])
+    call = tracker._call
+
+    def slow(results: list[FrameResult]) -> list[FrameResult]:
+        time.sleep(0.03)
+        return call(results)
+
+    monkeypatch.setattr(tracker, "_call", slow)
+    for k in range(4):
+        tracker([_frame("front", k, _seen(k))])
+    summary = tracker.summary()
+    assert summary.frames == 4 and summary.ms_per_frame >= 30.0
+    assert 0 < summary.cpu_ms_per_frame < 15.0  # a car in one camera: well under a ms
 
 
 def test_a_frame_the_model_is_late_with_is_answered_from_tracks_once() -> None:

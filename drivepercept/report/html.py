@@ -224,9 +224,10 @@ def tracking_section(summary: dict[str, Any]) -> str:
         if tracking["placed"]
         else "tracked per camera only: the rig has no geometry to place objects"
     )
-    cost = tracking.get("ms_per_frame")
+    cost, cpu = tracking.get("ms_per_frame"), tracking.get("cpu_ms_per_frame")
     if cost is not None:
         rig += f"; the tracking stage took {fmt(cost, 3)} ms per camera frame"
+        rig += f" ({fmt(cpu, 3)} ms of its thread's CPU)" if cpu is not None else ""
     head = ["camera", "tracks", "lifetime median s", "lifetime max s", "died unconfirmed"]
     return f"<h2>Tracking</h2><p>{esc(rig)}</p>" + table(head, rows, left=1)
 

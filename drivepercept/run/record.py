@@ -281,4 +281,5 @@ def tracking_record(tracker: RigTracker | None) -> TrackingRecord | None:
         rig_objects=summary.rig_objects,
         placed=summary.placed,
         ms_per_frame=round(summary.ms_per_frame, 4) if summary.frames else None,
+        cpu_ms_per_frame=round(summary.cpu_ms_per_frame, 4) if summary.frames else None,
     )

@@ -238,3 +238,4 @@ class TrackingRecord(Section):
     rig_objects: int = 0
     placed: bool = False
     ms_per_frame: float | None = None  # the tracking stage's own time per camera frame
+    cpu_ms_per_frame: float | None = None  # the CPU its thread spent in it, per camera frame

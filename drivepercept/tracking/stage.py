@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,6 +31,7 @@ from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdat
 from drivepercept.tracking.fusion import FusionParams, RigFusion
 from drivepercept.tracking.places import Observation, cut_by_side
 from drivepercept.tracking.track_table import CameraBoxes, IntArray
+from drivepercept.tracking.track_types import CameraTracks, TrackingSummary
 from drivepercept.types import Detections, FrameResult
 from drivepercept.types.objects import RigStep
 
@@ -67,27 +69,6 @@ def _with_ids(
 def _timed(result: FrameResult) -> bool:
     """Whether a frame has a time: its stamp, else a finite pts."""
     return result.meta.stamp_ns is not None or math.isfinite(result.pts_s)
-
-
-@dataclass(frozen=True)
-class CameraTracks:
-    """One camera's tracks over a run: how many, and how long they lasted (seconds)."""
-
-    tracks: int
-    lifetime_median_s: float
-    lifetime_max_s: float
-    unconfirmed_died: int = 0  # tracks that ended before their id (one box, no second)
-
-
-@dataclass(frozen=True)
-class TrackingSummary:
-    """What tracking did in a run: per camera its tracks, and the rig's objects."""
-
-    cameras: dict[str, CameraTracks]
-    rig_objects: int
-    placed: bool  # whether the rig had geometry to place objects (else per camera only)
-    frames: int = 0  # camera frames tracked
-    ms_per_frame: float = 0.0  # the stage's own time per camera frame
 
 
 @dataclass(frozen=True)
@@ -148,6 +129,7 @@ class RigTracker:
         self._answered: dict[tuple[str, int], float] = {}  # (camera, frame) -> time (`overdue`)
         self._period: dict[str, float] = {}  # each camera's latest frame interval
         self.track_ns = 0  # time spent in the stage (tracking, placing, fusing)
+        self.cpu_ns = 0  # the calling thread's CPU time in it (the rest: waiting for cores, GIL)
         self.frames = 0
 
     @property
@@ -210,13 +192,20 @@ class RigTracker:
             updates[k] = TrackUpdate(guess.track_ids, guess.velocities)
         return results, frames, [u for u in updates if u is not None]
 
-    def __call__(self, results: list[FrameResult]) -> list[FrameResult]:
-        started = time.perf_counter_ns()
+    @contextmanager
+    def _clocked(self, frames: int = 0) -> Iterator[None]:
+        """The block's wall and thread CPU time added to the stage's, and its `frames`."""
+        wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
         try:
-            return self._call(results)
+            yield
         finally:
-            self.track_ns += time.perf_counter_ns() - started
-            self.frames += len(results)
+            self.track_ns += time.perf_counter_ns() - wall
+            self.cpu_ns += time.thread_time_ns() - cpu
+            self.frames += frames
+
+    def __call__(self, results: list[FrameResult]) -> list[FrameResult]:
+        with self._clocked(len(results)):
+            return self._call(results)
 
     def overdue(self, results: list[FrameResult]) -> list[FrameResult]:
         """Frames the model is late with (predicted, empty; live only: a replay's rig steps
@@ -234,11 +223,8 @@ class RigTracker:
                 fresh.append(r)
         if not fresh:
             return []
-        started = time.perf_counter_ns()  # (their frames are counted when their boxes come)
-        try:
+        with self._clocked():  # (their frames are counted when their boxes come)
             out = self._call(fresh)
-        finally:
-            self.track_ns += time.perf_counter_ns() - started
         for r in fresh:  # (each is timed: its own time, for when its boxes come)
             self._answered[(r.camera, r.frame_index)] = r.stamp_ns / 1e9
         while len(self._answered) > MAX_ANSWERED:  # boxes that never came (a failed batch)
@@ -329,11 +315,8 @@ class RigTracker:
 
     def flush(self) -> list[FrameResult]:
         """Every frame still held, fused (the end of a run)."""
-        started = time.perf_counter_ns()
-        try:
+        with self._clocked():
             return self._release(final=True)
-        finally:
-            self.track_ns += time.perf_counter_ns() - started
 
     def _release(self, *, final: bool) -> list[FrameResult]:
         """The held frames whose rig step is complete, fused in time order. A step starts at
@@ -444,7 +427,6 @@ class RigTracker:
                 lifetime_max_s=round(max(lifetimes), 3) if lifetimes else 0.0,
                 unconfirmed_died=self._tracker.died_young(key),
             )
-        per_frame = self.track_ns / 1e6 / self.frames if self.frames else 0.0
-        return TrackingSummary(
-            cameras, self.fusion.objects_made, self.fusion.placing, self.frames, per_frame
-        )
+        n = self.frames
+        wall, cpu = (self.track_ns / 1e6 / n, self.cpu_ns / 1e6 / n) if n else (0.0, 0.0)
+        return TrackingSummary(cameras, self.fusion.objects_made, self.fusion.placing, n, wall, cpu)

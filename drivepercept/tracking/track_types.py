@@ -1,6 +1,7 @@
 """The tracker's value types: its settings (`TrackParams`), what it says of a frame's boxes
-(`TrackUpdate`), of a frame it did not see (`Prediction`) and of a live track (`TrackInfo`).
-Frozen; no numpy work of their own."""
+(`TrackUpdate`), of a frame it did not see (`Prediction`) and of a live track (`TrackInfo`),
+and what the tracking stage did over a run (`TrackingSummary`). Frozen; no numpy work of
+their own."""
 
 from __future__ import annotations
 
@@ -201,3 +202,25 @@ class TrackInfo:
     last_seen_s: float
     hits: int
     lost: bool
+
+
+@dataclass(frozen=True)
+class CameraTracks:
+    """One camera's tracks over a run: how many, and how long they lasted (seconds)."""
+
+    tracks: int
+    lifetime_median_s: float
+    lifetime_max_s: float
+    unconfirmed_died: int = 0  # tracks that ended before their id (one box, no second)
+
+
+@dataclass(frozen=True)
+class TrackingSummary:
+    """What tracking did in a run: per camera its tracks, and the rig's objects."""
+
+    cameras: dict[str, CameraTracks]
+    rig_objects: int
+    placed: bool  # whether the rig had geometry to place objects (else per camera only)
+    frames: int = 0  # camera frames tracked
+    ms_per_frame: float = 0.0  # the stage's own time per camera frame (wall clock)
+    cpu_ms_per_frame: float = 0.0  # the CPU its thread spent in it, per camera frame
