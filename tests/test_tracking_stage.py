@@ -5,6 +5,8 @@ the report; a rig without geometry tracks per camera only, with one line saying 
 from __future__ import annotations
 
 import json
+import runpy
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -328,3 +330,24 @@ def test_the_stage_knows_a_hidden_car_again_by_the_looks_it_reads_from_the_frame
     blind = RigTracker([CameraConfig(name="front")], appearance=False)
     assert not blind.wants_images and run(blind, pixels=True) == [1] * 10 + [-1] + [2] * 4
     assert run(RigTracker([CameraConfig(name="front")]), pixels=False) == [1] * 10 + [-1] + [2] * 4
+
+
+def test_the_stage_cpu_bench_sets_inside_beside_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/bench_stage_cpu.py: a short replay of the sample rig with --track, then its
+    frames tracked again alone; it prints both CPU figures and their ratio, and leaves the
+    stage's class as it found it."""
+    call = RigTracker.__call__
+    argv = sys.argv
+    sys.argv = ["bench_stage_cpu.py", str(SAMPLE / "rig.toml"), "--max-frames", "8"]
+    try:
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(
+                str(SAMPLE.parent / "scripts" / "bench_stage_cpu.py"), run_name="__main__"
+            )
+    finally:
+        sys.argv = argv
+    assert done.value.code == 0 and RigTracker.__call__ is call
+    out = capsys.readouterr().out
+    assert "inside the replay:" in out and out.count("alone, round") == 3
+    ratio = float(out.rsplit("inside / alone: ", 1)[1].split("x", 1)[0])
+    assert ratio > 0
