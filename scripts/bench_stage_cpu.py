@@ -8,7 +8,7 @@ in it). Then it tracks the kept batches again, in the same process and order, wi
 stage of the run's settings (each rig step's objects serialised as objects.jsonl would have
 them), --rounds times, and prints the thread CPU a frame of each. Their ratio is what
 running among the pipeline's threads costs the stage (docs/OBJECTS.md, "What it costs":
-about 2 on the 2-core host).
+1.6-2 on the 2-core host).
 
     python scripts/bench_stage_cpu.py                         # sample rig
     python scripts/bench_stage_cpu.py /tmp/drive/rig.toml --rounds 5
