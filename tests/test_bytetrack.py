@@ -237,6 +237,31 @@ def test_a_one_frame_false_positive_never_gets_a_confirmed_id() -> None:
     assert ids_of(step(tracker, 11 / FPS, [box(100, 200), box(400, 100)])) == [1, 2]
 
 
+@pytest.mark.parametrize("sure_score", [0.7, 0.0])
+def test_a_box_the_detector_is_unsure_of_needs_one_more_hit_for_its_id(
+    sure_score: float,
+) -> None:
+    # given two new objects in a camera already tracking (not its first frame), one boxed
+    # at 0.95, one at 0.65 (both above new_track_score, 0.6)
+    tracker = CameraTracker(TrackParams(min_hits=2, sure_score=sure_score))
+    step(tracker, 0.0, [box(100, 200)])
+    scores = [0.9, 0.95, 0.65]
+    frames = [box(100, 200), box(400, 100), box(250, 300)]
+    got = [ids_of(step(tracker, k / FPS, frames, scores=scores)) for k in range(1, 4)]
+    # then the sure one gets its id on its second box; the unsure one on its third, unless
+    # sure_score is 0 (every track on its second box)
+    assert got[0] == [1, -1, -1]
+    if sure_score:
+        assert got[1] == [1, 2, -1] and got[2] == [1, 2, 3]
+    else:
+        assert got[1] == [1, 2, 3] and got[2] == [1, 2, 3]
+    # and with min_hits 1, the unsure one still waits for a second box
+    once = CameraTracker(TrackParams(min_hits=1, sure_score=0.7))
+    step(once, 0.0, [box(100, 200)])
+    first, second = (ids_of(step(once, k / FPS, frames, scores=scores)) for k in (1, 2))
+    assert first == [1, 2, -1] and second == [1, 2, 3]
+
+
 # -- bad input -----------------------------------------------------------------------------
 
 
@@ -289,6 +314,7 @@ def test_empty_frames_work_and_time_must_move_forward() -> None:
         ({"lost_s": math.inf}, r"lost_s must be a finite number >= 0 seconds, got inf"),
         ({"unconfirmed_buffer": -0.5}, r"unconfirmed_buffer must be in \[0, 10\], got -0.5"),
         ({"min_hits": 0}, r"min_hits must be an integer >= 1, got 0"),
+        ({"sure_score": 1.2}, r"sure_score must be in \[0, 1\], got 1.2"),
         ({"min_hits": 1.5}, r"min_hits must be an integer >= 1, got 1.5"),
         ({"class_aware": "yes"}, r"class_aware must be true or false, got 'yes'"),
         ({"high_score": True}, r"high_score must be a number in \[0, 1\], got True"),

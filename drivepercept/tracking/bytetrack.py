@@ -1,6 +1,5 @@
-"""ByteTrack over each camera's boxes (Zhang et al., "ByteTrack: Multi-Object Tracking by
-Associating Every Detection Box", ECCV 2022), stepped by time, for all of a batch's cameras
-at once.
+"""ByteTrack (Zhang et al., "ByteTrack: Multi-Object Tracking by Associating Every Detection
+Box", ECCV 2022) over each camera's boxes, stepped by time, a batch's cameras at once.
 
 Each `ByteTracker.update` takes one frame from each of some cameras and, for every camera's
 tracks and boxes (a box only ever meets its own camera's tracks):
@@ -25,28 +24,23 @@ tracks and boxes (a box only ever meets its own camera's tracks):
 4. matches the remaining high-score boxes to unconfirmed tracks (too few hits so far), by a
    buffered IoU (they know no motion yet); those that miss are dropped;
 5. starts an unconfirmed track for each remaining box scoring at least `new_track_score`
-   that does not cover a box a track took (`new_track_overlap`: one object boxed as two
-   classes);
+   that does not cover a box a track took (`new_track_overlap`: one object, two classes);
 6. ends lost tracks unseen for more than `lost_s` (`recognise_lost_s` for those with looks),
    and drops the younger of a tracked and a lost track that cover the same place.
 
 A track's looks are a running mean of its high-score boxes' features
-(`appearance_momentum`). On the crossing drives' detections, the looks cut the identity
-switches by a third to two fifths and the ids per object from 1.37-1.49 to 1.21-1.25
-(docs/OBJECTS.md).
-
-A track is confirmed, and only then given an id, after `min_hits` hits (at once in its
+(`appearance_momentum`); they cut the crossing drives' ids per object from 1.37-1.49 to
+1.21-1.25 (docs/OBJECTS.md). A track is confirmed, and only then given an id, after
+`min_hits` hits (one more if its latest box scored under `sure_score`; at once in its
 camera's first frame): ids of one camera count up from 1, are never reused, and a false box
 that never got a second one used none. Assignments use scipy's `linear_sum_assignment` with
 the reference implementation's rule (its `lap.lapjv(..., cost_limit=...)`): a pair is
-matched only if that costs no more than leaving both unmatched, not to match the most
-pairs.
+matched only if that costs no more than leaving both unmatched.
 
-Why a batch at once: the work per frame is many small numpy calls, and their overhead, not
-their arithmetic, is the cost: one call over a six-camera batch's tracks costs about what one
-call over one camera's did (the stage's CPU is what tracking costs a replay whose cores are
-all busy: docs/OBJECTS.md, "What it costs"). The result is the same as one tracker per
-camera: cross-camera pairs have no overlap, so each camera's assignment is its own.
+Why a batch at once: the work is many small numpy calls whose overhead, not arithmetic, is
+the cost, and one call over a six-camera batch's tracks costs about what one over one
+camera's did (docs/OBJECTS.md, "What it costs"). Cross-camera pairs have no overlap, so
+the result is the same as one tracker per camera.
 
 Not thread-safe: one thread calls it (the pipeline's completion thread).
 """
@@ -248,7 +242,7 @@ class ByteTracker:
         drop = unconfirmed & missed  # an unconfirmed track that missed
         for cam in tracks.cams[drop].tolist():
             self._died_young[cam] = self._died_young.get(cam, 0) + 1
-        promote = _indices(unconfirmed & (tracks.hits >= p.min_hits))
+        promote = _indices(unconfirmed & (tracks.hits >= self._hits_needed(tracks.score)))
         tracks.ids[promote] = self._new_ids(tracks.cams[promote])
 
         new = self._starts(
@@ -256,7 +250,8 @@ class ByteTracker:
         )
         if len(new):
             mean, cov = self.kalman.initiate(xyxy_to_xywh(boxes[new]))
-            confirm = np.array([first[c] for c in det_cam[new].tolist()]) | (p.min_hits <= 1)
+            confirm = np.array([first[c] for c in det_cam[new].tolist()])
+            confirm |= self._hits_needed(score[new]) <= 1
             ids = np.zeros(len(new), np.int64)
             ids[confirm] = self._new_ids(det_cam[new[confirm]])
             det_row[new] = len(tracks) + np.arange(len(new))
@@ -325,6 +320,11 @@ class ByteTracker:
         overlap *= det_cam[rows][:, None] == det_cam[taken][None, :]
         out: IntArray = rows[~(overlap > self.params.new_track_overlap).any(axis=1)]
         return out
+
+    def _hits_needed(self, scores: FloatArray) -> IntArray:
+        """Boxes a new track needs for its id: `min_hits`, one more under `sure_score`."""
+        p = self.params
+        return np.where(scores < p.sure_score, p.min_hits + 1, p.min_hits)
 
     def _new_ids(self, cams: IntArray) -> IntArray:
         """The next ids of these cameras' new tracks, in order: each camera counts up from 1."""

@@ -38,6 +38,10 @@ class TrackParams:
             its width per frame. 0 is ByteTrack's plain IoU.
         lost_s: how long a confirmed track survives without boxes, in seconds.
         min_hits: boxes a new track needs to be confirmed (except in the first frame).
+        sure_score: a new track whose latest box scores under this needs one box more
+            than `min_hits` (0: none does). On the crossing drives a track confirmed on
+            boxes the detector was unsure of was most often a second id for an object:
+            a duplicate box's track, or a restart its lost track would have taken.
         class_aware: a box only joins a track of its own label.
         recover_iou: least IoU, on widened boxes, of a lost track and a high-score box the
             first association left over (`recover_buffer`).
@@ -75,6 +79,7 @@ class TrackParams:
     unconfirmed_buffer: float = 1.0
     lost_s: float = 1.5
     min_hits: int = 2
+    sure_score: float = 0.7
     class_aware: bool = True
     recover_iou: float = 0.25
     recover_buffer: float = 1.5
@@ -93,6 +98,7 @@ class TrackParams:
             "high_score": (0.0, 1.0, True, "in [0, 1]"),
             "low_score": (0.0, high, True, f"in [0, high_score={high:g}]"),
             "new_track_score": (high, 1.0, True, f"in [high_score={high:g}, 1]"),
+            "sure_score": (0.0, 1.0, True, "in [0, 1]"),
             "match_iou": (0.0, 1.0, False, "in (0, 1]"),
             "second_match_iou": (0.0, 1.0, False, "in (0, 1]"),
             "unconfirmed_match_iou": (0.0, 1.0, False, "in (0, 1]"),
