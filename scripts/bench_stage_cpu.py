@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from drivepercept.rig import load_rig
 from drivepercept.run import RunOptions, run
 from drivepercept.sinks.objects import step_record
 from drivepercept.tracking.stage import REPLAY_HOLD_S, RigTracker
@@ -77,9 +76,8 @@ def main() -> int:
         f"stage {inside:.3f} ms of CPU a frame ({tracking.ms_per_frame:.3f} ms wall)"
     )
     alone = []
-    cameras = load_rig(args.rig).cameras
-    for r in range(args.rounds):
-        stage = RigTracker(cameras, hold_s=REPLAY_HOLD_S, on_step=_serialise)
+    for r in range(args.rounds):  # (the rig's cameras as the run read them)
+        stage = RigTracker(result.cameras, hold_s=REPLAY_HOLD_S, on_step=_serialise)
         started = time.thread_time_ns()
         for batch in kept:
             stage(batch)
