@@ -166,6 +166,74 @@ def test_crossing_objects_of_different_classes_do_not_swap_ids() -> None:
     assert label_ids == {0: {1}, 3: {2}}
 
 
+@pytest.mark.parametrize("kinds", [True, False])
+def test_a_pedestrian_boxed_as_a_cyclist_for_a_while_keeps_its_id_given_kinds(
+    kinds: bool,
+) -> None:
+    # given a pedestrian (label 3) walking right; from frame 5 the detector boxes it as a
+    # cyclist (label 4) at 0.8 beside a weak pedestrian box (0.2), and from frame 10 as a
+    # cyclist alone; pedestrian and cyclist are one kind when the tracker is told kinds
+    tracker = CameraTracker(TrackParams(class_aware=True))
+    ids = []
+    for k in range(16):
+        t = k / FPS
+        here = box(100 + 60 * t, 200)
+        boxes, scores, labels = [here], [0.9], [3]
+        if 5 <= k < 10:
+            boxes, scores, labels = [here, here], [0.8, 0.2], [4, 3]
+        elif k >= 10:
+            labels, scores = [4], [0.8]
+        n = len(boxes)
+        update = tracker.update(
+            np.array(boxes, np.float64).reshape(n, 4),
+            np.array(scores),
+            np.array(labels, np.int64),
+            t,
+            kinds=np.zeros(n, np.int64) if kinds else None,
+        )
+        ids.append(int(update.track_ids[0]))
+    # then with kinds it keeps id 1 on the sure box throughout; without, its track holds
+    # the weak pedestrian box, is lost when that goes, and the cyclist box starts id 2
+    if kinds:
+        assert ids == [1] * 16
+    else:
+        assert ids[:5] == [1] * 5 and ids[5:10] == [-1] * 5 and ids[10:] == [-1] + [2] * 5
+
+
+def test_a_lost_track_of_another_kind_does_not_hold_back_a_new_one_in_its_place() -> None:
+    # given a pedestrian (label 3) standing, then gone, and a car's box (label 0, another
+    # kind) at once in the same place (the pedestrian's lost track coasts there)
+    tracker = CameraTracker(TrackParams(class_aware=True))
+    for k in range(5):
+        step(tracker, k / FPS, [box(100, 200)], labels=[3])
+    got = [ids_of(step(tracker, k / FPS, [box(100, 200)], labels=[0])) for k in range(5, 9)]
+    # then the car gets its own id on its second box, and keeps it (the tracked and the
+    # lost track that cover one place are not taken for one object's two tracks)
+    assert got == [[-1], [2], [2], [2]]
+
+
+def test_a_box_of_another_label_of_the_kind_needs_more_overlap() -> None:
+    # given a pedestrian track, then a cyclist box of its kind overlapping its prediction
+    # by about 0.3: enough for its own label (match_iou 0.2), not for a change of class
+    # (class_change_cost 0.2: 0.4)
+    def run(label: int) -> int:
+        tracker = CameraTracker(TrackParams(class_aware=True))
+        one_kind = np.zeros(1, np.int64)  # (pedestrian and cyclist)
+        for k in range(6):
+            update = tracker.update(
+                np.array([box(100 + (22 if k == 5 else 0), 200)]),  # last: IoU 18 / 62 = 0.29
+                np.array([0.9]),
+                np.array([3 if k < 5 else label]),
+                k / FPS,
+                kinds=one_kind,
+            )
+        return int(update.track_ids[0])
+
+    # then its own label's box joins the track, the other label's does not
+    assert run(3) == 1
+    assert run(4) == -1
+
+
 def test_velocity_of_a_box_moving_at_30_px_per_s_is_measured_in_xyxy() -> None:
     # given a box moving +30 px/s in x
     tracker = CameraTracker()
@@ -317,6 +385,9 @@ def test_empty_frames_work_and_time_must_move_forward() -> None:
         ({"sure_score": 1.2}, r"sure_score must be in \[0, 1\], got 1.2"),
         ({"min_hits": 1.5}, r"min_hits must be an integer >= 1, got 1.5"),
         ({"class_aware": "yes"}, r"class_aware must be true or false, got 'yes'"),
+        ({"class_change_cost": 1.5}, r"class_change_cost must be in \[0, 1\], got 1.5"),
+        ({"same_kind": ["car"]}, r"same_kind must be a tuple of tuples of class names"),
+        ({"same_kind": (("car", "bus"), ("bus",))}, r"same_kind: a class name in two groups"),
         ({"high_score": True}, r"high_score must be a number in \[0, 1\], got True"),
     ],
 )

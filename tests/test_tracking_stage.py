@@ -228,6 +228,30 @@ def test_a_frame_that_was_not_detected_gets_its_tracks_moved_on() -> None:
     assert ids is not None and ids.tolist() == [1] and not after.detections.predicted
 
 
+def test_the_stage_keeps_a_pedestrians_id_while_the_detector_calls_it_a_cyclist() -> None:
+    """The stage gives the tracker each box's kind from its class name (`same_kind`:
+    pedestrian and cyclist are one): a sure cyclist box over a pedestrian's track goes on
+    with its id; a car's box there does not."""
+
+    def walker(k: int, label: int) -> Detections:  # moving right at 100 px/s
+        xyxy = np.array([[100.0 + 10 * k, 100.0, 130.0 + 10 * k, 180.0]], np.float32)
+        return Detections(xyxy, np.array([0.9], np.float32), np.array([label]), DRIVING_CLASSES)
+
+    names = list(DRIVING_CLASSES)
+    got = {}
+    for then in ("cyclist", "car"):
+        tracker = RigTracker([CameraConfig(name="front")])
+        ids = []
+        for k in range(8):
+            label = names.index("pedestrian" if k < 4 else then)
+            (out,) = tracker([_frame("front", k, walker(k, label))])
+            assert out.detections.track_ids is not None
+            ids += out.detections.track_ids.tolist()
+        got[then] = ids
+    assert got["cyclist"] == [1] * 8
+    assert got["car"][:4] == [1] * 4 and 1 not in got["car"][4:]
+
+
 def test_the_stage_tells_its_cpu_from_its_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     """`cpu_ms_per_frame` is the CPU the calling thread spent in the stage, `ms_per_frame`
     its wall clock: time spent waiting in it (in a run, for a core or the GIL; here a

@@ -53,11 +53,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from drivepercept.tracking.appearance import Features, blend, feature_distance, has_features
+from drivepercept.tracking.appearance import blend, feature_distance, has_features
 from drivepercept.tracking.association import box_iou, match, widen
 from drivepercept.tracking.kalman import BoxKalman, xywh_to_xyxy, xyxy_to_xywh
 from drivepercept.tracking.recovery import by_looks, by_motion
-from drivepercept.tracking.track_table import CameraBoxes, TrackTable, read_boxes
+from drivepercept.tracking.track_table import CameraBoxes, TrackTable, batch_features, read_boxes
 from drivepercept.tracking.track_types import Prediction as Prediction  # re-exported: the
 from drivepercept.tracking.track_types import TrackInfo as TrackInfo  # tracker's API
 from drivepercept.tracking.track_types import TrackParams as TrackParams
@@ -122,10 +122,13 @@ class ByteTracker:
         if not frames:
             return []
         counts = [len(s) for _, s, _ in parsed]
-        feature = self._features(frames, counts)
+        feature = batch_features(self._tracks, frames, counts)
         boxes = np.concatenate([b for b, _, _ in parsed])
         score = np.concatenate([s for _, s, _ in parsed])
         label = np.concatenate([lab for _, _, lab in parsed])
+        kind = np.concatenate(
+            [f.kinds_or_labels(lab) for f, (_, _, lab) in zip(frames, parsed, strict=True)]
+        )
         det_cam = np.repeat(np.array(cams, np.int64), counts)
         det_t = np.repeat(np.array(times), counts)
         first = {cam: cam not in self._last_t for cam in cams}
@@ -157,8 +160,8 @@ class ByteTracker:
         low = valid & (score >= p.low_score) & ~high
         track_boxes = xywh_to_xyxy(tracks.mean)
         same = tracks.cams[:, None] == det_cam[None, :]  # a box only joins its camera's tracks
-        if p.class_aware:
-            same &= tracks.labels[:, None] == label[None, :]
+        if p.class_aware:  # (another label of its kind: at `class_change_cost`, below)
+            same &= tracks.kinds[:, None] == kind[None, :]
         looks = feature.shape[1] > 0  # (known: both sides have looks; 0 apart where not)
         track_has, box_has = has_features(tracks.feature), has_features(feature)
         known = track_has[:, None] & box_has[None, :]
@@ -171,6 +174,9 @@ class ByteTracker:
         if looks and p.appearance_weight > 0:
             alike = np.where(known, np.clip(1.0 - distance / p.appearance_gate, 0.0, 1.0), 0.0)
             ranked = np.where(iou >= p.match_iou, iou + p.appearance_weight * alike, iou)
+        if p.class_aware and p.class_change_cost > 0:
+            other = (tracks.labels[:, None] != label[None, :]) & (ranked > 0)
+            ranked = np.where(other, np.maximum(ranked - p.class_change_cost, 1e-6), ranked)
         confirmed = active & (tracks.ids > 0)
         unconfirmed = active & (tracks.ids == 0)
         was_tracked = confirmed & ~tracks.lost
@@ -232,6 +238,7 @@ class ByteTracker:
             tracks.score[matched] = score[row_det[matched]]
             tracks.last_s[matched] = row_t[matched]
             tracks.labels[matched] = label[row_det[matched]]
+            tracks.kinds[matched] = kind[row_det[matched]]
             teach = matched[high[row_det[matched]] & box_has[row_det[matched]]]
             if looks and len(teach):  # only sure boxes teach a track its looks
                 tracks.feature[teach] = blend(
@@ -265,6 +272,7 @@ class ByteTracker:
                 boxes[new],
                 score[new],
                 feature[new],
+                kind[new],
             )
             grown = np.zeros(len(new), np.bool_)
             drop, active = np.concatenate([drop, grown]), np.concatenate([active, ~grown])
@@ -282,29 +290,6 @@ class ByteTracker:
             TrackUpdate(ids_out[a:b], velocities[a:b])
             for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
         ]
-
-    def _features(self, frames: Sequence[CameraBoxes], counts: list[int]) -> Features:
-        """The batch's box features `(N, D)` (frames without any: rows of zeros), the track
-        table widened to them; `(N, 0)` where no frame and no track has any."""
-        if any(f.features is not None and np.ndim(f.features) != 2 for f in frames):
-            raise ValueError("features must be 2-D, (boxes, width)")
-        dims = {f.features.shape[1] for f in frames if f.features is not None}
-        dims.discard(0)
-        if len(dims) > 1:
-            raise ValueError(f"every frame's features must have one width, got {sorted(dims)}")
-        dim = dims.pop() if dims else self._tracks.feature.shape[1]
-        self._tracks.widen_features(dim)
-        parts = []
-        for f, n in zip(frames, counts, strict=True):
-            if f.features is None or not f.features.shape[1]:
-                parts.append(np.zeros((n, dim), np.float32))
-            elif f.features.shape != (n, dim):
-                raise ValueError(f"features must have shape ({n}, {dim}), got {f.features.shape}")
-            elif not np.isfinite(f.features).all():
-                raise ValueError("features must be finite numbers")
-            else:
-                parts.append(np.asarray(f.features, np.float32))
-        return np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
 
     def _starts(
         self, candidates: BoolArray, boxes: FloatArray, det_row: IntArray, det_cam: IntArray
@@ -344,7 +329,9 @@ class ByteTracker:
     def _duplicates(self, active: BoolArray, row_t: FloatArray) -> BoolArray:
         """Rows to drop: of a tracked and a lost confirmed track of one camera covering the
         same place, the one followed for less time (the reference implementation's rule),
-        unless they look unlike each other (a lost track's coasting box over another object)."""
+        unless they look unlike each other (a lost track's coasting box over another object)
+        or are of two kinds (a class-aware tracker: a lost pedestrian's track held back a
+        new one of the car that stood where it was lost, dropped as soon as confirmed)."""
         tracks = self._tracks
         drop = np.zeros(len(tracks), np.bool_)
         confirmed = active & (tracks.ids > 0)
@@ -355,6 +342,8 @@ class ByteTracker:
         iou = box_iou(xywh_to_xyxy(tracks.mean[tracked]), xywh_to_xyxy(tracks.mean[lost]))
         close = iou > DUPLICATE_IOU
         close &= tracks.cams[tracked][:, None] == tracks.cams[lost][None, :]
+        if self.params.class_aware:  # (of two kinds: two objects, one before the other)
+            close &= tracks.kinds[tracked][:, None] == tracks.kinds[lost][None, :]
         unlike = feature_distance(tracks.feature[tracked], tracks.feature[lost])
         close &= ~(unlike > self.params.appearance_gate)
         a, b = np.nonzero(close)

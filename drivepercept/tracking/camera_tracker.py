@@ -40,13 +40,15 @@ class CameraTracker:
         t_s: float,
         *,
         features: Features | None = None,
+        kinds: IntArray | None = None,
     ) -> TrackUpdate:
         """Track one frame's boxes (`CameraBoxes` says what each argument is).
 
         Raises:
             ValueError: arrays of mismatched shapes, or `t_s` not after the previous one.
         """
-        return self._core.update([CameraBoxes(0, xyxy, scores, labels, t_s, features)])[0]
+        frame = CameraBoxes(0, xyxy, scores, labels, t_s, features, kinds)
+        return self._core.update([frame])[0]
 
     def tracks(self) -> tuple[TrackInfo, ...]:
         """The live confirmed tracks (tracked and lost), by id."""

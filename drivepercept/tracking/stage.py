@@ -119,6 +119,7 @@ class RigTracker:
         self.params = params or TrackParams()
         self._tracker = ByteTracker(self.params)
         self._keys = {c.name: k for k, c in enumerate(cameras)}  # camera name -> tracker key
+        self._kinds: dict[str, int] = {}  # class name -> its kind's key (`same_kind`)
         self._last_t: dict[str, float] = {}
         self.fusion = RigFusion(cameras, fusion)
         self.on_step = on_step
@@ -258,7 +259,16 @@ class RigTracker:
             np.asarray(det.labels),
             t_s,
             looks,
+            np.array([self._kind(n) for n in det.names], np.int64),
         )
+
+    def _kind(self, class_name: str) -> int:
+        """The key of a class name's kind (`TrackParams.same_kind`), made on first sight."""
+        key = self._kinds.get(class_name)
+        if key is None:
+            kind = self.params.kind_of(class_name)
+            key = self._kinds[class_name] = self._kinds.setdefault(kind, len(self._kinds))
+        return key
 
     def _late(self, results: list[FrameResult]) -> list[FrameResult]:
         """The frames not answered yet; the tracks take the boxes of those answered

@@ -3,6 +3,7 @@ camera's frame of boxes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,9 @@ class CameraBoxes:
         t_s: the frame's time in seconds, later than the camera's previous frame's.
         features: `(N, D)` each box's appearance (unit vectors, `appearance.box_features`;
             a row of zeros: none), or None: boxes alone.
+        kinds: `(N,)` each box's kind (any integers; `TrackParams.same_kind`): a class-aware
+            tracker lets a track go on with a box of another label of its kind, at a cost.
+            None: each label its own kind.
     """
 
     camera: int
@@ -36,11 +40,29 @@ class CameraBoxes:
     labels: IntArray
     t_s: float
     features: npt.NDArray[np.float32] | None = None
+    kinds: IntArray | None = None
+
+    def kinds_or_labels(self, labels: IntArray) -> IntArray:
+        """`kinds` as int64, checked against the boxes (`labels`: theirs, read), else them.
+
+        Raises:
+            ValueError: kinds that are not integers, one per box.
+        """
+        if self.kinds is None:
+            return labels
+        kinds = np.asarray(self.kinds)
+        if kinds.shape != labels.shape or (
+            len(kinds) and not np.issubdtype(kinds.dtype, np.integer)
+        ):
+            raise ValueError(
+                f"kinds must be {labels.shape[0]} integers, got {kinds.dtype} {kinds.shape}"
+            )
+        return kinds.astype(np.int64, copy=False)
 
 
 _COLUMNS = (
     *("cams", "mean", "cov", "ids", "labels", "hits", "first_s", "last_s", "lost", "box"),
-    *("score", "feature"),
+    *("score", "feature", "kinds"),
 )
 
 
@@ -54,6 +76,7 @@ class TrackTable:
         self.cov = np.zeros((0, 8, 8))
         self.ids = np.zeros(0, np.int64)  # 0: not confirmed yet
         self.labels = np.zeros(0, np.int64)
+        self.kinds = np.zeros(0, np.int64)  # its latest box's kind (`CameraBoxes.kinds`)
         self.hits = np.zeros(0, np.int64)
         self.first_s = np.zeros(0)
         self.last_s = np.zeros(0)
@@ -77,13 +100,15 @@ class TrackTable:
         box: FloatArray,
         score: FloatArray,
         feature: npt.NDArray[np.float32] | None = None,
+        kinds: IntArray | None = None,
     ) -> None:
         n = len(ids)
         hits, lost = np.ones(n, np.int64), np.zeros(n, np.bool_)
         if feature is None:
             feature = np.zeros((n, self.feature.shape[1]), np.float32)
         self.widen_features(feature.shape[1])
-        new = (cams, mean, cov, ids, labels, hits, t_s, t_s, lost, box, score, feature)
+        kinds = labels if kinds is None else kinds
+        new = (cams, mean, cov, ids, labels, hits, t_s, t_s, lost, box, score, feature, kinds)
         for name, rows in zip(_COLUMNS, new, strict=True):
             setattr(self, name, np.concatenate([getattr(self, name), rows]))
 
@@ -132,3 +157,29 @@ def read_boxes(
     if n and not np.issubdtype(label.dtype, np.integer):
         raise ValueError(f"labels must be integers, got dtype {label.dtype}")
     return boxes, score, label.astype(np.int64, copy=False)
+
+
+def batch_features(
+    table: TrackTable, frames: Sequence[CameraBoxes], counts: list[int]
+) -> npt.NDArray[np.float32]:
+    """The batch's box features `(N, D)` (frames without any: rows of zeros), the track
+    table widened to them; `(N, 0)` where no frame and no track has any."""
+    if any(f.features is not None and np.ndim(f.features) != 2 for f in frames):
+        raise ValueError("features must be 2-D, (boxes, width)")
+    dims = {f.features.shape[1] for f in frames if f.features is not None}
+    dims.discard(0)
+    if len(dims) > 1:
+        raise ValueError(f"every frame's features must have one width, got {sorted(dims)}")
+    dim = dims.pop() if dims else table.feature.shape[1]
+    table.widen_features(dim)
+    parts = []
+    for f, n in zip(frames, counts, strict=True):
+        if f.features is None or not f.features.shape[1]:
+            parts.append(np.zeros((n, dim), np.float32))
+        elif f.features.shape != (n, dim):
+            raise ValueError(f"features must have shape ({n}, {dim}), got {f.features.shape}")
+        elif not np.isfinite(f.features).all():
+            raise ValueError("features must be finite numbers")
+        else:
+            parts.append(np.asarray(f.features, np.float32))
+    return np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)

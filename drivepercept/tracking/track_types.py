@@ -42,7 +42,16 @@ class TrackParams:
             than `min_hits` (0: none does). On the crossing drives a track confirmed on
             boxes the detector was unsure of was most often a second id for an object:
             a duplicate box's track, or a restart its lost track would have taken.
-        class_aware: a box only joins a track of its own label.
+        class_aware: a box only joins a track of its own label, or of another label of its
+            kind (`same_kind`) at `class_change_cost`.
+        same_kind: groups of class names a detector takes one object for now one, now
+            another: a pedestrian's box that comes out as a cyclist's for a few frames (on
+            the crossing drives, a track held on the low-score cyclist box while the sure
+            pedestrian box started a second id). Only with the boxes' kinds
+            (`CameraBoxes.kinds`, which the tracking stage gives from the class names).
+        class_change_cost: in both associations, a pair of two labels of one kind has
+            this taken off the IoU its threshold tests (0.2: a change of class needs an
+            overlap of 0.4 where one of its own label needs 0.2).
         recover_iou: least IoU, on widened boxes, of a lost track and a high-score box the
             first association left over (`recover_buffer`).
         recover_buffer: lost tracks are found again on boxes widened by this fraction of
@@ -81,6 +90,8 @@ class TrackParams:
     min_hits: int = 2
     sure_score: float = 0.7
     class_aware: bool = True
+    same_kind: tuple[tuple[str, ...], ...] = (("pedestrian", "cyclist"),)
+    class_change_cost: float = 0.2
     recover_iou: float = 0.25
     recover_buffer: float = 1.5
     new_track_overlap: float = 0.7
@@ -104,6 +115,7 @@ class TrackParams:
             "unconfirmed_match_iou": (0.0, 1.0, False, "in (0, 1]"),
             "unconfirmed_buffer": (0.0, 10.0, True, "in [0, 10]"),
             "lost_s": (0.0, math.inf, True, ">= 0 seconds"),
+            "class_change_cost": (0.0, 1.0, True, "in [0, 1]"),
             "recover_iou": (0.0, 1.0, False, "in (0, 1]"),
             "recover_buffer": (0.0, 10.0, True, "in [0, 10]"),
             "new_track_overlap": (0.0, 1.0, False, "in (0, 1]"),
@@ -128,6 +140,18 @@ class TrackParams:
             raise ConfigError(f"min_hits must be an integer >= 1, got {hits!r}")
         if not isinstance(self.class_aware, bool):
             raise ConfigError(f"class_aware must be true or false, got {self.class_aware!r}")
+        groups = self.same_kind
+        if not isinstance(groups, tuple) or not all(
+            isinstance(g, tuple) and all(isinstance(n, str) for n in g) for g in groups
+        ):
+            raise ConfigError(f"same_kind must be a tuple of tuples of class names, got {groups!r}")
+        names = [n for g in groups for n in g]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"same_kind: a class name in two groups, got {groups!r}")
+
+    def kind_of(self, class_name: str) -> str:
+        """The kind a class name is of (`same_kind`'s group's first name, else its own)."""
+        return next((g[0] for g in self.same_kind if class_name in g), class_name)
 
 
 @dataclass(frozen=True, eq=False)
