@@ -350,6 +350,7 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
     out: list[Line] = []
     frame_ns: list[int] = []
     looked = 0
+    kind_keys: dict[str, int] = {}  # a box's kind from its class name, as the stage gives it
     for cam, cam_lines in by_camera(lines).items():
         tracker = CameraTracker(params)
         fps = drive.fps.get(cam, 15.0)
@@ -365,8 +366,18 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
                     used = scores >= params.low_score  # (as the tracking stage reads them)
                     features[used] = box_features(image, boxes[used])
                     looked += 1
+                names = line.get("class_names")
+                kinds = None
+                if isinstance(names, list) and len(names) == len(labels):
+                    kinds = np.array(
+                        [
+                            kind_keys.setdefault(params.kind_of(str(n)), len(kind_keys))
+                            for n in names
+                        ],
+                        np.int64,
+                    ).reshape(-1)
                 t0 = time.perf_counter_ns()
-                update = tracker.update(boxes, scores, labels, t_s, features=features)
+                update = tracker.update(boxes, scores, labels, t_s, features=features, kinds=kinds)
                 frame_ns.append(time.perf_counter_ns() - t0)
                 out.append(relabelled(line, update.track_ids.tolist()))
         finally:
