@@ -120,6 +120,7 @@ class RigTracker:
         self._tracker = ByteTracker(self.params)
         self._keys = {c.name: k for k, c in enumerate(cameras)}  # camera name -> tracker key
         self._kinds: dict[str, int] = {}  # class name -> its kind's key (`same_kind`)
+        self._kind_keys: dict[str, int] = {}  # kind -> key
         self._last_t: dict[str, float] = {}
         self.fusion = RigFusion(cameras, fusion)
         self.on_step = on_step
@@ -266,8 +267,8 @@ class RigTracker:
         """The key of a class name's kind (`TrackParams.same_kind`), made on first sight."""
         key = self._kinds.get(class_name)
         if key is None:
-            kind = self.params.kind_of(class_name)
-            key = self._kinds[class_name] = self._kinds.setdefault(kind, len(self._kinds))
+            keys, kind = self._kind_keys, self.params.kind_of(class_name)
+            key = self._kinds[class_name] = keys.setdefault(kind, len(keys))
         return key
 
     def _late(self, results: list[FrameResult]) -> list[FrameResult]:
