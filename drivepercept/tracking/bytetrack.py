@@ -2,7 +2,8 @@
 Box", ECCV 2022) over each camera's boxes, stepped by time, a batch's cameras at once.
 
 Each `ByteTracker.update` takes one frame from each of some cameras and, for every camera's
-tracks and boxes (a box only ever meets its own camera's tracks):
+tracks and boxes (a box only ever meets its own camera's tracks, and, class-aware, those of
+its kind: its own label, or another of its kind at `class_change_cost`):
 
 1. predicts every track to its frame's time (`kalman.BoxKalman`, by the elapsed seconds, so
    frames a live camera dropped make one longer step);

@@ -51,7 +51,8 @@ class TrackParams:
             (`CameraBoxes.kinds`, which the tracking stage gives from the class names).
         class_change_cost: in both associations, a pair of two labels of one kind has
             this taken off the IoU its threshold tests (0.2: a change of class needs an
-            overlap of 0.4 where one of its own label needs 0.2).
+            overlap of 0.4 where one of its own label needs 0.2); finding a lost track
+            again (`recover_*`, `recognise_*`) takes a box of its kind as one of its label.
         recover_iou: least IoU, on widened boxes, of a lost track and a high-score box the
             first association left over (`recover_buffer`).
         recover_buffer: lost tracks are found again on boxes widened by this fraction of
