@@ -294,6 +294,35 @@ def bench_args(*argv: str) -> argparse.Namespace:
     return bench_trackers.parse_args(["tiny", "runs/tiny", *argv])
 
 
+def test_the_re_run_gives_boxes_their_kinds_from_the_lines_class_names() -> None:
+    # given lines of one walker, boxed as a pedestrian for four frames, then (a sure box
+    # over a weak one of its own label) as a cyclist
+    drive, _ = tiny_drive_and_run()
+    lines: list[dict[str, Any]] = []
+    for k in range(8):
+        walker = box(10 + 4 * k)
+        boxes, names = [walker], ["pedestrian"]
+        if k >= 4:
+            boxes, names = [walker, walker], ["cyclist", "pedestrian"]
+        lines.append(
+            {
+                "camera": "front",
+                "frame_index": k,
+                "pts_s": k / FPS,
+                "boxes": boxes,
+                "scores": [0.9] if k < 4 else [0.8, 0.2],
+                "labels": [{"pedestrian": 3, "cyclist": 4}[n] for n in names],
+                "class_names": names,
+                "track_ids": [1] * len(boxes),
+            }
+        )
+    # when our tracker runs again on them
+    rerun = runs.run_ours(drive, lines, TrackParams())
+    # then the sure cyclist box goes on with the walker's id (pedestrian and cyclist are
+    # one kind), as the tracking stage would have it
+    assert [line["track_ids"][0] for line in rerun.lines] == [1] * 8
+
+
 def test_a_run_scored_with_ours_and_ours_re_run() -> None:
     # given the tiny run, where our run's ids restart A after a one-frame gap
     drive, run = tiny_drive_and_run()

@@ -19,7 +19,7 @@ from drivepercept.tracking.association import box_iou, match
 from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
 from drivepercept.tracking.camera_tracker import CameraTracker
 from drivepercept.tracking.kalman import CHI2_95_4DOF, BoxKalman, xyxy_to_xywh
-from drivepercept.tracking.track_table import CameraBoxes
+from drivepercept.tracking.track_table import CameraBoxes, KindKeys
 
 GROUND_TRUTH = Path(__file__).resolve().parents[1] / "sample_videos" / "ground_truth.json"
 FPS = 30.0
@@ -346,6 +346,23 @@ def test_boxes_with_nan_inf_or_no_area_are_ignored_and_others_tracked() -> None:
         assert ids_of(update) == [1, -1, -1, -1, -1]
         assert np.isnan(update.velocities[1:]).all()
     assert len(tracker.tracks()) == 1
+
+
+def test_kinds_must_be_integers_one_per_box_and_names_of_a_group_share_a_key() -> None:
+    # given a tracker, and boxes whose kinds are the wrong length or not integers
+    tracker = CameraTracker()
+    args = (np.array([box(100, 200)]), np.array([0.9]), np.array([3]), 0.0)
+    # then they are refused
+    with pytest.raises(ValueError, match=r"kinds must be 1 integers"):
+        tracker.update(*args, kinds=np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match=r"kinds must be 1 integers"):
+        tracker.update(*args, kinds=np.array([0.5]))
+    # and the stage's keys: pedestrian and cyclist one, car another, the same each call
+    keys = KindKeys(TrackParams())
+    first = keys(["cyclist", "car", "pedestrian"]).tolist()
+    assert first[0] == first[2] != first[1]
+    assert keys(["pedestrian", "car"]).tolist() == [first[2], first[1]]
+    assert keys([]).shape == (0,)
 
 
 def test_empty_frames_work_and_time_must_move_forward() -> None:

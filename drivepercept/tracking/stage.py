@@ -30,7 +30,7 @@ from drivepercept.tracking.appearance import DIM, Features, frames_features
 from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
 from drivepercept.tracking.fusion import FusionParams, RigFusion
 from drivepercept.tracking.places import Observation, cut_by_side
-from drivepercept.tracking.track_table import CameraBoxes, IntArray
+from drivepercept.tracking.track_table import CameraBoxes, IntArray, KindKeys
 from drivepercept.tracking.track_types import CameraTracks, TrackingSummary
 from drivepercept.types import Detections, FrameResult
 from drivepercept.types.objects import RigStep
@@ -119,8 +119,7 @@ class RigTracker:
         self.params = params or TrackParams()
         self._tracker = ByteTracker(self.params)
         self._keys = {c.name: k for k, c in enumerate(cameras)}  # camera name -> tracker key
-        self._kinds: dict[str, int] = {}  # class name -> its kind's key (`same_kind`)
-        self._kind_keys: dict[str, int] = {}  # kind -> key
+        self._kinds = KindKeys(self.params)  # class names -> their kinds' keys
         self._last_t: dict[str, float] = {}
         self.fusion = RigFusion(cameras, fusion)
         self.on_step = on_step
@@ -260,16 +259,8 @@ class RigTracker:
             np.asarray(det.labels),
             t_s,
             looks,
-            np.array([self._kind(n) for n in det.names], np.int64),
+            self._kinds(det.names),
         )
-
-    def _kind(self, class_name: str) -> int:
-        """The key of a class name's kind (`TrackParams.same_kind`), made on first sight."""
-        key = self._kinds.get(class_name)
-        if key is None:
-            keys, kind = self._kind_keys, self.params.kind_of(class_name)
-            key = self._kinds[class_name] = keys.setdefault(kind, len(keys))
-        return key
 
     def _late(self, results: list[FrameResult]) -> list[FrameResult]:
         """The frames not answered yet; the tracks take the boxes of those answered

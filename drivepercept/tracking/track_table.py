@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drivepercept.tracking.kalman import xyxy_velocities
+from drivepercept.tracking.track_types import TrackParams
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -58,6 +59,28 @@ class CameraBoxes:
                 f"kinds must be {labels.shape[0]} integers, got {kinds.dtype} {kinds.shape}"
             )
         return kinds.astype(np.int64, copy=False)
+
+
+class KindKeys:
+    """Class names to their kinds' keys for `CameraBoxes.kinds` (`TrackParams.same_kind`:
+    names of one group share a key), each name looked up once; one per tracker, so that
+    its keys mean the same kind from frame to frame."""
+
+    def __init__(self, params: TrackParams) -> None:
+        self._params = params
+        self._by_name: dict[str, int] = {}
+        self._by_kind: dict[str, int] = {}
+
+    def __call__(self, names: Sequence[str]) -> IntArray:
+        """`(N,)` the keys of `names`' kinds."""
+        return np.array([self._key(n) for n in names], np.int64).reshape(-1)
+
+    def _key(self, name: str) -> int:
+        key = self._by_name.get(name)
+        if key is None:
+            kinds = self._by_kind
+            key = self._by_name[name] = kinds.setdefault(self._params.kind_of(name), len(kinds))
+        return key
 
 
 _COLUMNS = (

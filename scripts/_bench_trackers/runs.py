@@ -25,6 +25,7 @@ from drivepercept.run.recorded_frames import RecordedFrames
 from drivepercept.tracking.appearance import DIM, box_features
 from drivepercept.tracking.bytetrack import TrackParams
 from drivepercept.tracking.camera_tracker import CameraTracker
+from drivepercept.tracking.track_table import KindKeys
 
 IntArray = npt.NDArray[np.int64]
 INDEX_KEY = "bench_index"  # the input box's index, carried through sv.Detections.data
@@ -350,7 +351,7 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
     out: list[Line] = []
     frame_ns: list[int] = []
     looked = 0
-    kind_keys: dict[str, int] = {}  # a box's kind from its class name, as the stage gives it
+    kinds_of = KindKeys(params)  # a box's kind from its class name, as the stage gives it
     for cam, cam_lines in by_camera(lines).items():
         tracker = CameraTracker(params)
         fps = drive.fps.get(cam, 15.0)
@@ -369,13 +370,7 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
                 names = line.get("class_names")
                 kinds = None
                 if isinstance(names, list) and len(names) == len(labels):
-                    kinds = np.array(
-                        [
-                            kind_keys.setdefault(params.kind_of(str(n)), len(kind_keys))
-                            for n in names
-                        ],
-                        np.int64,
-                    ).reshape(-1)
+                    kinds = kinds_of([str(n) for n in names])
                 t0 = time.perf_counter_ns()
                 update = tracker.update(boxes, scores, labels, t_s, features=features, kinds=kinds)
                 frame_ns.append(time.perf_counter_ns() - t0)
