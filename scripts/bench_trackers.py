@@ -44,8 +44,11 @@ Scored, per tracker: TrackEval's HOTA, IDF1, MOTA and ID switches, cameras poole
 camera (the rig's figures for trackers with global ids); and the identity measures of
 `_bench_trackers.measures`, on CLEAR's own matching: ids per world object, the switches split
 into restarts (a new id born that frame; how many after a gap of at most --short-gap-s since
-the object was last matched) and take-overs (an existing id), and world objects some
-detector box matched but no tracked box ever did (any score / at least our high score).
+the object was last matched) and take-overs (an existing id), the ids beyond each object's
+first by what came before each (after a gap of at most --short-gap-s, of at most 3 s,
+longer, or while an earlier id was still matched to the object; and how many were matched
+to another object too), and world objects some detector box matched but no tracked box
+ever did (any score / at least our high score).
 Time: each tracker's update per camera frame, mean and median (ours in the run: not timed
 here; its stage's cost is in the run's telemetry).
 
@@ -69,6 +72,7 @@ from _bench_trackers.inputs import Drive, Run, read_drive, read_run
 from _bench_trackers.report import (
     Row,
     camera_table,
+    extra_lines,
     main_table,
     rig_line,
     row_json,
@@ -182,6 +186,9 @@ def bench_run(
         *main_table(rows),
         "",
         *camera_table(rows),
+        "",
+        "Ids beyond one per object (cameras pooled):",
+        *extra_lines(rows),
         "",
         "Settings:",
         *settings_lines(rows),

@@ -171,6 +171,36 @@ def test_measure_counts_ids_per_object_and_short_restarts() -> None:
     assert measures.measure(restart_and_takeover(), short_gap_s=0.2).restarts_short == 1
 
 
+def test_extra_ids_are_told_by_their_gap_and_those_shared_with_another_object() -> None:
+    # given A: ids 1 (frames 0-1), 3 (3-4, 2/15 s later), 2 (5, taken from B)
+    frames = restart_and_takeover()
+    m = measures.measure(frames, short_gap_s=1.0)
+    # then its two ids beyond the first came after short gaps, and id 2 is B's too
+    assert m.extra == measures.ExtraIds(after_short_gap=2, shared=1)
+    assert m.extra.total == m.ids_matched - m.objects_matched
+    # with a shorter line, the 2/15 s gap is a middle one
+    assert measures.measure(frames, short_gap_s=0.1).extra.after_mid_gap == 1
+
+
+def test_extra_ids_after_a_long_gap_and_while_an_earlier_id_is_still_on_the_object() -> None:
+    # given A tracked by id 1 at 0-1 s, by id 2 for one frame in between (a second track on
+    # it), then by id 3 after 4 s unseen, and by id 4 after 2 s more
+    frames = [
+        frame(0.0, {"A": box(0)}, {1: box(0)}),
+        frame(0.5, {"A": box(0)}, {2: box(0)}),
+        frame(1.0, {"A": box(0)}, {1: box(0)}),
+        frame(5.0, {"A": box(0)}, {3: box(0)}),
+        frame(7.0, {"A": box(0)}, {4: box(0)}),
+    ]
+    pairs = measures.clear_pairs(frames)
+    extra = measures.extra_ids(frames, pairs, short_gap_s=1.0)
+    # then one overlapping, one after a long gap (4 s), one after a middle one (2 s)
+    assert extra == measures.ExtraIds(after_mid_gap=1, after_long_gap=1, overlapping=1)
+    assert extra.to_json()["total"] == 3
+    with pytest.raises(ValueError, match="one list of pairs per frame"):
+        measures.extra_ids(frames, pairs[:-1])
+
+
 def test_never_given_id_counts_objects_a_box_matched_but_no_track() -> None:
     # given C seen by a 0.3 box, D by a 0.9 box, E by nothing, all never tracked, and A tracked
     frames = [
@@ -190,10 +220,11 @@ def test_never_given_id_counts_objects_a_box_matched_but_no_track() -> None:
 
 
 def test_pooled_sums_cameras_and_recomputes_ids_per_object() -> None:
-    a = measures.IdMeasures(3, 2, 3, 1, 1, 1, 0, 0, (0.2,))
-    b = measures.IdMeasures(5, 4, 4, 2, 0, 0, 1, 1, ())
+    a = measures.IdMeasures(3, 2, 3, 1, 1, 1, 0, 0, (0.2,), extra=measures.ExtraIds(1, shared=1))
+    b = measures.IdMeasures(5, 4, 4, 2, 0, 0, 1, 1, (), extra=measures.ExtraIds(overlapping=1))
     p = measures.pooled([a, b])
     assert (p.objects, p.objects_matched, p.ids_matched, p.switches) == (8, 6, 7, 3)
+    assert p.extra == measures.ExtraIds(after_short_gap=1, overlapping=1, shared=1)
     assert p.ids_per_object == pytest.approx(7 / 6)
     assert p.restart_gaps_s == (0.2,)
     with pytest.raises(ValueError, match="no cameras"):

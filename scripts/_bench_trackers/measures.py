@@ -15,6 +15,11 @@ and what they are split into adds up to them:
   long could have avoided.
 * taken over: a switch to an id that existed before (another object's track, or one that
   wandered).
+* extra ids: the ids beyond each object's first (what ids per object is over 1), each told by
+  what came before it on its object: the gap since an earlier id was last matched to it (at
+  most `short_gap_s`, at most `LONG_GAP_S`, longer), or none (it came while an earlier id
+  was still matched to the object in later frames: two tracks on one object, or a track
+  taking its box for a while); and how many of them were matched to another object too.
 * never given an id: world objects some box of the detector matched (one-to-one, IoU >= 0.5,
   every box of the frame, tracked or not, scoring at least `min_score`) in some frame, but no
   tracked box ever did.
@@ -35,6 +40,7 @@ Boxes = npt.NDArray[np.float64]
 Floats = npt.NDArray[np.float64]
 Pair = tuple[Hashable, Hashable]  # (world id, tracked id)
 CONTINUE_BONUS = 1000.0  # CLEAR's weight for keeping last frame's pair
+LONG_GAP_S = 3.0  # an extra id after a longer gap: its object was hidden or away that long
 _EPS = float(np.finfo("float").eps)
 
 
@@ -156,6 +162,80 @@ def switches(
     return out
 
 
+@dataclass(frozen=True)
+class ExtraIds:
+    """The ids beyond each object's first, by what came before each (see the module
+    docstring); `shared` counts those of them also matched to another object."""
+
+    after_short_gap: int = 0
+    after_mid_gap: int = 0
+    after_long_gap: int = 0
+    overlapping: int = 0
+    shared: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.after_short_gap + self.after_mid_gap + self.after_long_gap + self.overlapping
+
+    def __add__(self, other: ExtraIds) -> ExtraIds:
+        return ExtraIds(
+            self.after_short_gap + other.after_short_gap,
+            self.after_mid_gap + other.after_mid_gap,
+            self.after_long_gap + other.after_long_gap,
+            self.overlapping + other.overlapping,
+            self.shared + other.shared,
+        )
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "total": self.total,
+            "after_short_gap": self.after_short_gap,
+            "after_mid_gap": self.after_mid_gap,
+            "after_long_gap": self.after_long_gap,
+            "overlapping": self.overlapping,
+            "shared": self.shared,
+        }
+
+
+def extra_ids(
+    frames: Sequence[Frame],
+    pairs: Sequence[Sequence[Pair]],
+    *,
+    short_gap_s: float = 1.0,
+    long_gap_s: float = LONG_GAP_S,
+) -> ExtraIds:
+    """Each object's ids beyond its first (in the order of their first match to it), told
+    by the gap since an earlier id of it was last matched, or overlapping (see the module
+    docstring)."""
+    if len(pairs) != len(frames):
+        raise ValueError(f"expected one list of pairs per frame ({len(frames)}), got {len(pairs)}")
+    spans: dict[Pair, list[int]] = {}  # (object, id) -> [first frame, last frame]
+    objects_of: dict[Hashable, set[Hashable]] = defaultdict(set)
+    for k, matched in enumerate(pairs):
+        for g, p in matched:
+            spans.setdefault((g, p), [k, k])[1] = k
+            objects_of[p].add(g)
+    by_object: dict[Hashable, list[tuple[int, int, Hashable]]] = defaultdict(list)
+    for (g, p), (first, last) in spans.items():
+        by_object[g].append((first, last, p))
+    counts = dict.fromkeys(("short", "mid", "long", "overlapping", "shared"), 0)
+    for spans_of in by_object.values():
+        spans_of.sort(key=lambda span: span[0])
+        seen_until = spans_of[0][1]  # the latest frame an earlier id was matched to it
+        for first, last, p in spans_of[1:]:
+            if first <= seen_until:
+                counts["overlapping"] += 1
+            else:
+                gap = frames[first].t_s - frames[seen_until].t_s
+                bucket = "short" if gap <= short_gap_s + 1e-9 else "mid"
+                counts["long" if gap > long_gap_s + 1e-9 else bucket] += 1
+            counts["shared"] += len(objects_of[p]) > 1
+            seen_until = max(seen_until, last)
+    return ExtraIds(
+        counts["short"], counts["mid"], counts["long"], counts["overlapping"], counts["shared"]
+    )
+
+
 def ids_by_object(pairs: Iterable[Iterable[Pair]]) -> dict[Hashable, set[Hashable]]:
     """The distinct tracked ids each world object was matched to."""
     ids: dict[Hashable, set[Hashable]] = defaultdict(set)
@@ -202,6 +282,7 @@ class IdMeasures:
         restart_gaps_s: each restart's gap.
         short_gap_s: the gap a restart counts as short up to.
         high_score: the score `never_id_high` counts boxes from.
+        extra: the ids beyond each object's first, by what came before each.
     """
 
     objects: int
@@ -215,6 +296,7 @@ class IdMeasures:
     restart_gaps_s: tuple[float, ...] = ()
     short_gap_s: float = 1.0
     high_score: float = 0.5
+    extra: ExtraIds = ExtraIds()
 
     @property
     def taken_over(self) -> int:
@@ -240,6 +322,7 @@ class IdMeasures:
             "restart_gaps_s": [round(g, 4) for g in self.restart_gaps_s],
             "short_gap_s": self.short_gap_s,
             "high_score": self.high_score,
+            "extra_ids": self.extra.to_json(),
         }
 
 
@@ -267,6 +350,7 @@ def measure(
         restart_gaps_s=gaps,
         short_gap_s=short_gap_s,
         high_score=high_score,
+        extra=extra_ids(frames, pairs, short_gap_s=short_gap_s),
     )
 
 
@@ -287,4 +371,5 @@ def pooled(parts: Iterable[IdMeasures]) -> IdMeasures:
         restart_gaps_s=tuple(g for p in parts for g in p.restart_gaps_s),
         short_gap_s=parts[0].short_gap_s,
         high_score=parts[0].high_score,
+        extra=sum((p.extra for p in parts), ExtraIds()),
     )

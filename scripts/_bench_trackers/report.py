@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from _bench_trackers.inputs import Drive, Run, camera_frames
-from _bench_trackers.measures import IdMeasures, measure, pooled
+from _bench_trackers.measures import LONG_GAP_S, IdMeasures, measure, pooled
 from _bench_trackers.runs import Tracked
 from drivepercept.eval.report import TrackingScores
 from drivepercept.eval.tracking import score_tracking
@@ -121,6 +121,21 @@ def rig_line(rows: Sequence[Row]) -> list[str]:
                 f"- {r.tracked.name}: rig HOTA {_f(rig.hota)}, IDF1 {_f(rig.idf1)}, "
                 f"same global id {_f(s.share)} ({s.same} of {s.pairs} pairs)"
             )
+    return out
+
+
+def extra_lines(rows: Sequence[Row]) -> list[str]:
+    """Each tracker's ids beyond one per object, by what came before each."""
+    out = []
+    for r in rows:
+        m = r.pooled
+        e = m.extra
+        out.append(
+            f"- {r.tracked.name}: {e.total} ids beyond one per object: {e.after_short_gap} "
+            f"after a gap <= {m.short_gap_s:g} s, {e.after_mid_gap} after up to "
+            f"{LONG_GAP_S:g} s, {e.after_long_gap} after longer, {e.overlapping} while an "
+            f"earlier id was still on it; {e.shared} of them also matched to another object"
+        )
     return out
 
 
