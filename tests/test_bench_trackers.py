@@ -376,6 +376,10 @@ def test_a_run_scored_with_ours_and_ours_re_run() -> None:
     assert ours_row.endswith("| 1 | 1 | 1 | 0 | 1.50 (3/2) | 1 / 0 | not timed here |")
     assert "front HOTA / IDF1 / IDsw" in table
     assert report.row_json(ours)["measures"]["cameras"]["restarts"] == 1
+    # and the extra ids: ours one, A's second id after a short gap; the re-run none
+    assert report.row_json(ours)["measures"]["cameras"]["extra_ids"]["after_short_gap"] == 1
+    assert "- ours: 1 ids beyond one per object: 1 after a gap <= 1 s, 0 after up to 3 s" in table
+    assert "- ours, CameraTracker re-run: 0 ids beyond one per object" in table
 
 
 def test_retrack_runs_the_whole_tracking_stage_on_the_runs_boxes(
