@@ -8,13 +8,15 @@ import json
 import runpy
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from drivepercept.rig import CameraConfig
+from drivepercept.tracking.appearance import LooksRequest, read_looks
 from drivepercept.tracking.stage import RigTracker
 from drivepercept.types import (
     DRIVING_CLASSES,
@@ -322,38 +324,93 @@ def test_a_rig_step_older_than_the_last_one_written_writes_no_objects_line() -> 
     assert steps == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
 
 
+def _hidden_car_ids(tracker: RigTracker, pixels: bool) -> list[int]:
+    """A red car's ids in 35 frames of one camera: hidden in frames 10-29 (past the lost
+    time), back beyond where its motion would put it."""
+    ids = []
+    for k in range(35):
+        x = 100.0 + 10 * k if k < 10 else 400.0 + 10 * (k - 30)
+        img = np.full((360, 640, 3), 90, np.uint8)
+        if not 10 <= k < 30:
+            img[100:180, int(x) : int(x) + 40] = (30, 30, 200)
+        n = 0 if 10 <= k < 30 else 1
+        xyxy = np.array([[x, 100.0, x + 40, 180.0]][:n], np.float32).reshape(n, 4)
+        det = Detections(xyxy, np.full(n, 0.9, np.float32), np.zeros(n, np.int64), DRIVING_CLASSES)
+        meta = FrameMeta("front", 0, k, k / 10, 0, 0, 0, _LB, original_bgr=img if pixels else None)
+        (out,) = tracker([FrameResult(meta, k, 1, det, FrameTiming(*range(11)))])
+        assert out.detections.track_ids is not None
+        ids += out.detections.track_ids.tolist()
+    return ids
+
+
 def test_the_stage_knows_a_hidden_car_again_by_the_looks_it_reads_from_the_frame() -> None:
     """Issue 44: the stage reads each detected frame's boxes' looks from its pixels (the
     pipeline keeps them for it: `wants_images`). A red car hidden for 2 s (past the lost
     time) that comes back beyond where its motion would put it keeps its id; a stage told
     not to look (or a frame without its pixels: offline re-tracking) tracks by motion alone
     and gives it a new one."""
-
-    def run(tracker: RigTracker, pixels: bool) -> list[int]:
-        ids = []
-        for k in range(35):  # frames 10-29: the car is hidden
-            x = 100.0 + 10 * k if k < 10 else 400.0 + 10 * (k - 30)
-            img = np.full((360, 640, 3), 90, np.uint8)
-            if not 10 <= k < 30:
-                img[100:180, int(x) : int(x) + 40] = (30, 30, 200)
-            n = 0 if 10 <= k < 30 else 1
-            xyxy = np.array([[x, 100.0, x + 40, 180.0]][:n], np.float32).reshape(n, 4)
-            det = Detections(
-                xyxy, np.full(n, 0.9, np.float32), np.zeros(n, np.int64), DRIVING_CLASSES
-            )
-            meta = FrameMeta(
-                "front", 0, k, k / 10, 0, 0, 0, _LB, original_bgr=img if pixels else None
-            )
-            (out,) = tracker([FrameResult(meta, k, 1, det, FrameTiming(*range(11)))])
-            assert out.detections.track_ids is not None
-            ids += out.detections.track_ids.tolist()
-        return ids
-
     looking = RigTracker([CameraConfig(name="front")])
-    assert looking.wants_images and run(looking, pixels=True) == [1] * 15
+    assert looking.wants_images and _hidden_car_ids(looking, pixels=True) == [1] * 15
     blind = RigTracker([CameraConfig(name="front")], appearance=False)
-    assert not blind.wants_images and run(blind, pixels=True) == [1] * 10 + [-1] + [2] * 4
-    assert run(RigTracker([CameraConfig(name="front")]), pixels=False) == [1] * 10 + [-1] + [2] * 4
+    assert not blind.wants_images
+    assert _hidden_car_ids(blind, pixels=True) == [1] * 10 + [-1] + [2] * 4
+    unseen = RigTracker([CameraConfig(name="front")])
+    assert _hidden_car_ids(unseen, pixels=False) == [1] * 10 + [-1] + [2] * 4
+
+
+class _OneLook:
+    """A `LooksReader` that needs no pixels: every box looks the same (a unit vector of 5),
+    and it keeps what it was asked for."""
+
+    needs_pixels = False
+
+    def __init__(self, rows: int | None = None) -> None:
+        self.asked: list[LooksRequest] = []
+        self.rows = rows  # give this many rows instead of one per box (a broken reader)
+
+    def __call__(self, frames: Sequence[LooksRequest]) -> list[npt.NDArray[np.float32]]:
+        self.asked += frames
+        out = []
+        for f in frames:
+            look = np.zeros((len(f.xyxy) if self.rows is None else self.rows, 5), np.float32)
+            look[:, 0] = 1.0
+            out.append(look)
+        return out
+
+
+def test_a_looks_reader_that_needs_no_pixels_gives_the_tracker_its_looks() -> None:
+    """`RigTracker(looks=...)`: another source of looks (a learned appearance, a probe's)
+    plugs in without the tracker changing. One that needs no pixels is asked for every
+    detected frame, pixels or not (and the pipeline need not keep them: `wants_images`), and
+    its looks know the hidden car again where motion alone could not; a reader that gives
+    the wrong rows is refused with a clear error."""
+    reader = _OneLook()
+    tracker = RigTracker([CameraConfig(name="front")], looks=reader)
+    assert not tracker.wants_images
+    assert _hidden_car_ids(tracker, pixels=False) == [1] * 15
+    assert [(f.camera, f.frame_index, len(f.xyxy)) for f in reader.asked[:2]] == [
+        ("front", 0, 1),
+        ("front", 1, 1),
+    ]
+    assert len(reader.asked) == 35 and all(f.image is None for f in reader.asked)
+    assert reader.asked[31].xyxy.tolist() == [[410.0, 100.0, 450.0, 180.0]]
+    broken = RigTracker([CameraConfig(name="front")], looks=_OneLook(rows=2))
+    with pytest.raises(ValueError, match=r"gave \(2, 5\) for 1 boxes"):
+        _hidden_car_ids(broken, pixels=False)
+
+
+def test_read_looks_places_each_frames_looks_at_the_rows_asked_for() -> None:
+    """Boxes under the low score are not read: their rows stay zeros (no looks)."""
+    asked = [
+        LooksRequest("front", 3, None, np.array([[0.0, 0, 10, 10], [5, 5, 20, 20]])),
+        LooksRequest("back", 3, None, np.zeros((0, 4))),
+    ]
+    rows = [np.array([0, 2]), np.zeros(0, np.int64)]
+    front, back = read_looks(_OneLook(), asked, rows, [3, 1])
+    assert front.tolist() == [[1, 0, 0, 0, 0], [0] * 5, [1, 0, 0, 0, 0]]
+    assert back.tolist() == [[0] * 5] and read_looks(_OneLook(), [], [], []) == []
+    with pytest.raises(ValueError, match="gave 1 arrays for 2 frames"):
+        read_looks(lambda frames: [np.zeros((2, 5), np.float32)], asked, rows, [3, 1])  # type: ignore[arg-type]
 
 
 def test_the_stage_cpu_bench_sets_inside_beside_alone(

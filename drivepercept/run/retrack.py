@@ -32,6 +32,7 @@ from drivepercept.config import detect_due
 from drivepercept.errors import ConfigError
 from drivepercept.rig import CameraConfig, load_rig
 from drivepercept.sinks.objects import step_record
+from drivepercept.tracking.appearance import LooksReader
 from drivepercept.tracking.bytetrack import TrackParams
 from drivepercept.tracking.fusion import FusionParams
 from drivepercept.tracking.stage import REPLAY_HOLD_S, RigTracker
@@ -147,6 +148,7 @@ def retrack(
     hold_s: float = REPLAY_HOLD_S,
     detect_every: int = 1,
     frames: FrameLookup | None = None,
+    looks: LooksReader | None = None,
 ) -> Retracked:
     """Track a run's detection lines again, with batches `spread_frames` apart.
 
@@ -166,6 +168,8 @@ def retrack(
         frames: each detected line's frame, `(camera, pts_s) -> BGR pixels or None`
             (`RecordedFrames`), asked for in each camera's time order: the boxes'
             looks are read from it, as in the replay (None, or no `frames`: motion alone).
+        looks: the stage's `LooksReader` (None: the colours, read from `frames`); one that
+            needs no pixels gives every detected frame its looks, `frames` or not.
 
     Raises:
         ConfigError: a negative spread, an interval below 1, a line of a camera the rig
@@ -196,7 +200,9 @@ def retrack(
         batches.setdefault(int(line["frame_index"]) + offsets[name], []).append(k)
     detected = _detected(kept, [c.name for c in cameras], detect_every)
     steps: list[RigStep] = []
-    tracker = RigTracker(cameras, params=params, fusion=fusion, on_step=steps.append, hold_s=hold_s)
+    tracker = RigTracker(
+        cameras, params=params, fusion=fusion, on_step=steps.append, hold_s=hold_s, looks=looks
+    )
     out: list[dict[str, Any]] = [dict(line) for line in kept]
     row_of = {(str(line["camera"]), int(line["frame_index"])): k for k, line in enumerate(kept)}
     order = {c.name: i for i, c in enumerate(cameras)}

@@ -17,11 +17,17 @@ lack (grey, black and white have no hue), each half normalised, square-rooted (H
 and the whole made a unit vector. A box too small to read (under 2 pixels inside) gets a
 row of zeros: no appearance.
 No learned weights: nothing to download, and the same on any frame source.
+
+The tracking stage asks a `LooksReader` for its looks (`ColourLooks`, these colours, by
+default): looks of another kind (a learned appearance; `scripts/probe_looks.py`'s, which
+know the ground truth) plug in there, unit vectors compared as these are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import cv2
 import numpy as np
@@ -185,3 +191,80 @@ def blend(old: Features, new: Features, momentum: float) -> Features:
     mixed = np.where(blank, new, momentum * old + (1.0 - momentum) * new)
     out: Features = mixed / np.maximum(np.linalg.norm(mixed, axis=1, keepdims=True), 1e-12)
     return out.astype(np.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class LooksRequest:
+    """One frame's boxes whose looks the tracking stage wants (`LooksReader`).
+
+    Attributes:
+        camera: the frame's camera.
+        frame_index: its index in that camera's stream.
+        image: its original BGR pixels, or None where it has none (a reader that
+            `needs_pixels` is only asked for frames that have them).
+        xyxy: `(N, 4)` the boxes to read, in that image's pixels.
+    """
+
+    camera: str
+    frame_index: int
+    image: ImageU8 | None
+    xyxy: FloatArray | npt.NDArray[np.float32]
+
+
+class LooksReader(Protocol):
+    """Where the tracking stage gets each box's looks (`RigTracker(looks=...)`): for a batch of
+    frames' boxes, one `(N_i, D)` array each, unit rows (cosine distances are compared with
+    the tracker's and the fusion's gates) or rows of zeros for boxes with no looks; `D` the
+    same for every call. The default is `ColourLooks`; another reader (a learned appearance,
+    or a probe's, `scripts/probe_looks.py`) plugs in here without touching the tracker."""
+
+    @property
+    def needs_pixels(self) -> bool:
+        """Whether it reads the frames' pixels (the pipeline then keeps them for the stage)."""
+        ...
+
+    def __call__(self, frames: Sequence[LooksRequest]) -> list[Features]: ...
+
+
+class ColourLooks:
+    """The default `LooksReader`: `frames_features`, the colours inside each box."""
+
+    @property
+    def needs_pixels(self) -> bool:
+        return True
+
+    def __call__(self, frames: Sequence[LooksRequest]) -> list[Features]:
+        reads = []
+        for frame in frames:
+            if frame.image is None:
+                raise ValueError(f"{frame.camera} frame {frame.frame_index} has no pixels to read")
+            reads.append((frame.image, frame.xyxy))
+        return frames_features(reads) if reads else []
+
+
+def read_looks(
+    reader: LooksReader,
+    asked: Sequence[LooksRequest],
+    rows: Sequence[IntArray],
+    sizes: Sequence[int],
+) -> list[Features]:
+    """`reader`'s looks of the `asked` boxes, one call for them all, each frame's placed at
+    its `rows` in an array of its `sizes` boxes (rows of zeros for the others: not read).
+
+    Raises:
+        ValueError: a reader that gave the wrong number of arrays, or of rows.
+    """
+    if not asked:
+        return []
+    reads = reader(asked)
+    if len(reads) != len(asked):
+        raise ValueError(f"the looks reader gave {len(reads)} arrays for {len(asked)} frames")
+    out = []
+    for read, used, size in zip(reads, rows, sizes, strict=True):
+        read = np.asarray(read, np.float32)
+        if read.ndim != 2 or len(read) != len(used):
+            raise ValueError(f"the looks reader gave {read.shape} for {len(used)} boxes")
+        looks = np.zeros((size, read.shape[1]), np.float32)
+        looks[used] = read
+        out.append(looks)
+    return out

@@ -26,7 +26,13 @@ import numpy.typing as npt
 
 from drivepercept.errors import ConfigError
 from drivepercept.rig import CameraConfig
-from drivepercept.tracking.appearance import DIM, Features, frames_features
+from drivepercept.tracking.appearance import (
+    ColourLooks,
+    Features,
+    LooksReader,
+    LooksRequest,
+    read_looks,
+)
 from drivepercept.tracking.bytetrack import ByteTracker, TrackParams, TrackUpdate
 from drivepercept.tracking.fusion import FusionParams, RigFusion
 from drivepercept.tracking.places import Observation, cut_by_side
@@ -95,6 +101,8 @@ class RigTracker:
             them for the stage, `wants_images`, and drops them after it unless a sink wants
             them). A frame without its pixels (offline re-tracking of boxes) is tracked by
             motion alone.
+        looks: where the looks come from (`appearance.LooksReader`; None: the colours,
+            `ColourLooks`). One that does not need pixels is asked for every detected frame.
         hold_s: 0 (live): each batch is one rig step, its frames placed at their own
             times. More (replay): rig steps are formed by time, not by batch: a tracked
             frame waits until every camera has delivered a frame at least as new (or until
@@ -113,6 +121,7 @@ class RigTracker:
         on_step: Callable[[RigStep], None] | None = None,
         hold_s: float = 0.0,
         appearance: bool = True,
+        looks: LooksReader | None = None,
     ) -> None:
         if not (math.isfinite(hold_s) and 0.0 <= hold_s <= MAX_HOLD_S):
             raise ConfigError(f"hold_s must be in [0, {MAX_HOLD_S:g}] seconds, got {hold_s!r}")
@@ -125,6 +134,7 @@ class RigTracker:
         self.on_step = on_step
         self.hold_s = hold_s
         self.appearance = appearance
+        self.looks: LooksReader = looks if looks is not None else ColourLooks()
         self._held: list[_Held] = []
         self._step_s = -math.inf  # the time of the last rig step given to on_step
         self._answered: dict[tuple[str, int], float] = {}  # (camera, frame) -> time (`overdue`)
@@ -136,7 +146,7 @@ class RigTracker:
     @property
     def wants_images(self) -> bool:
         """Whether the stage reads the original pixels of the frames the model saw."""
-        return self.appearance
+        return self.appearance and self.looks.needs_pixels
 
     def _time(self, result: FrameResult) -> float:
         """The frame's time in seconds, strictly after its camera's previous frame's (a
@@ -233,20 +243,26 @@ class RigTracker:
         return out
 
     def _looks(self, results: Sequence[FrameResult]) -> list[Features | None]:
-        """Each detected frame's boxes' looks read from its pixels (those under `low_score`:
-        not read), a batch in one pass; None: no pixels, a predicted frame, or not looking."""
+        """Each detected frame's boxes' looks (`looks`: by default read from its pixels;
+        those under `low_score`: not read), a batch in one call; None: no pixels where the
+        reader needs them, a predicted frame, or not looking."""
         out: list[Features | None] = [None] * len(results)
+        pixels = self.looks.needs_pixels
         seen = [
-            (k, image, (np.asarray(r.detections.scores) >= self.params.low_score).nonzero()[0])
+            (k, r, (np.asarray(r.detections.scores) >= self.params.low_score).nonzero()[0])
             for k, r in enumerate(results)
             if self.appearance
             and not r.detections.predicted
-            and (image := r.original_bgr) is not None
+            and (not pixels or r.original_bgr is not None)
         ]
-        reads = [(image, results[k].detections.xyxy[used]) for k, image, used in seen]
-        for (k, _, used), read in zip(seen, frames_features(reads) if reads else [], strict=True):
-            out[k] = looks = np.zeros((len(results[k].detections), DIM), np.float32)
-            looks[used] = read
+        asked = [
+            LooksRequest(r.camera, r.frame_index, r.original_bgr, r.detections.xyxy[used])
+            for _, r, used in seen
+        ]
+        sizes = [len(r.detections) for _, r, _ in seen]
+        read = read_looks(self.looks, asked, [used for _, _, used in seen], sizes)
+        for (k, _, _), looks in zip(seen, read, strict=True):
+            out[k] = looks
         return out
 
     def _boxes(self, result: FrameResult, t_s: float, looks: Features | None) -> CameraBoxes:
