@@ -392,15 +392,18 @@ def test_retrack_runs_the_whole_tracking_stage_on_the_runs_boxes(
     drive, run = tiny_drive_and_run()
     seen: dict[str, Any] = {}
 
-    def retrack(rig: Path, lines: list[dict[str, Any]], *, spread_frames: int) -> Retracked:
-        seen.update(rig=rig, spread=spread_frames)
+    def retrack(
+        rig: Path, lines: list[dict[str, Any]], *, spread_frames: int, **stage: Any
+    ) -> Retracked:
+        seen.update(rig=rig, spread=spread_frames, **stage)
         fixed = [runs.relabelled(ln, [1 if t == 3 else t for t in ln["track_ids"]]) for ln in lines]
         return Retracked(fixed, [], 0, stage_ns=4000 * len(lines))
 
     monkeypatch.setattr(retrack_module, "retrack", retrack)
     tracked = runs.run_retrack(drive, run.lines)
     row = report.score(tracked, drive, run, short_gap_s=1.0, high_score=0.5)
-    assert seen == {"rig": drive.rig_toml, "spread": 0}
+    # (the stage's defaults: no settings or looks of the bench's own)
+    assert seen == {"rig": drive.rig_toml, "spread": 0, "params": None, "looks": None}
     assert tracked.name == "ours re-tracked" and row.scores.cameras.id_switches == 0
     assert set(tracked.frame_ns) == {4000}  # the stage's own time per frame, nothing else
 

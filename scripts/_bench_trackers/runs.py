@@ -22,7 +22,7 @@ from _bench_trackers.inputs import Drive, Line, by_camera
 from drivepercept.eval.tracking import box_iou, match
 from drivepercept.rig import CameraConfig, load_rig
 from drivepercept.run.recorded_frames import RecordedFrames
-from drivepercept.tracking.appearance import DIM, box_features
+from drivepercept.tracking.appearance import DIM, LooksReader, box_features
 from drivepercept.tracking.bytetrack import TrackParams
 from drivepercept.tracking.camera_tracker import CameraTracker
 from drivepercept.tracking.track_table import KindKeys
@@ -393,35 +393,49 @@ def run_ours(drive: Drive, lines: Sequence[Line], params: TrackParams) -> Tracke
     )
 
 
-def run_retrack(drive: Drive, lines: Sequence[Line]) -> Tracked:
+def run_retrack(
+    drive: Drive,
+    lines: Sequence[Line],
+    *,
+    params: TrackParams | None = None,
+    looks: LooksReader | None = None,
+    pixels: bool = True,
+    name: str = "ours re-tracked",
+) -> Tracked:
     """`drivepercept.run.retrack.retrack(rig.toml, lines, spread_frames=0)`: the run's boxes
     tracked again, offline, with global ids and placed objects; each frame's pixels from the
     drive's videos where it has them all (`RecordedFrames`: the looks, as the run read them;
-    the ids then are the run's own), else on motion alone."""
+    the ids then are the run's own), else on motion alone. `params` and `looks` go to the
+    stage (its defaults: None); `pixels=False` re-tracks on motion alone (or on `looks`
+    that need no pixels)."""
     from drivepercept.run.retrack import retrack
 
     cameras = load_rig(drive.rig_toml).cameras if drive.rig_toml.is_file() else ()
     videos = bool(cameras) and all(c.video is not None and c.video.is_file() for c in cameras)
+    videos &= pixels
+    kept = [dict(x) for x in lines]
     if videos:  # (every rig camera's: RecordedFrames opens them all)
         with RecordedFrames(cameras) as frames:
             result = retrack(
-                drive.rig_toml, [dict(x) for x in lines], spread_frames=0, frames=frames
+                drive.rig_toml, kept, spread_frames=0, params=params, frames=frames, looks=looks
             )
     else:
-        result = retrack(drive.rig_toml, [dict(x) for x in lines], spread_frames=0)
+        result = retrack(drive.rig_toml, kept, spread_frames=0, params=params, looks=looks)
     per_frame = result.stage_ns // max(1, len(lines))  # the stage's own time
-    looks = (
+    seen = (
         f"looks read from the drive's videos for {result.with_pixels} of {len(lines)} frames"
         " (their decoding not in the time, the reading of the looks in it)"
         if videos
         else "no videos: motion alone (the run had the looks)"
+        if looks is None or looks.needs_pixels
+        else "no pixels: the looks of the reader given"
     )
     return Tracked(
-        name="ours re-tracked",
+        name=name,
         lines=list(result.detections),
         objects=list(result.objects),
         settings={"retrack": "drivepercept.run.retrack.retrack", "spread_frames": 0},
-        notes=("the whole rig at once; time per frame is its total over the camera frames", looks),
+        notes=("the whole rig at once; time per frame is its total over the camera frames", seen),
         frame_ns=(per_frame,) * len(lines),
     )
 
