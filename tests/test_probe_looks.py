@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from labelboxes import detections_from_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -92,34 +93,6 @@ def test_the_command_line_wants_pairs_and_says_what_cannot_be_read(
     assert err.startswith("probe_looks: ") and "expected a simulated drive" in err
 
 
-def _detections(gt: dict[str, Any]) -> list[dict[str, Any]]:
-    """A detector's lines made from the labels: every object at least 12 px tall and a third
-    visible, its box jittered by 3 % of its size, one in eight missed."""
-    rng = np.random.default_rng(3)
-    names = {c["id"]: c["name"] for c in gt["categories"]}
-    by_image: dict[int, list[dict[str, Any]]] = {}
-    for a in gt["annotations"]:
-        by_image.setdefault(a["image_id"], []).append(a)
-    lines = []
-    for image in sorted(gt["images"], key=lambda im: im["id"]):
-        boxes, scores, labels, class_names = [], [], [], []
-        for a in by_image.get(image["id"], []):
-            x, y, w, h = a["bbox"]
-            if h < 12 or a.get("visibility", 1.0) < 0.33 or rng.random() < 0.125:
-                continue
-            jitter = rng.normal(0.0, 0.03, 4) * [w, h, w, h]
-            boxes.append([x + jitter[0], y + jitter[1], x + w + jitter[2], y + h + jitter[3]])
-            scores.append(float(rng.uniform(0.5, 1.0)))
-            labels.append(a["category_id"] - 1)
-            class_names.append(names[a["category_id"]])
-        lines.append(
-            {"camera": image["camera"], "frame_index": image["frame_index"],
-             "pts_s": image["timestamp_s"], "boxes": boxes, "scores": scores,
-             "labels": labels, "class_names": class_names}
-        )  # fmt: skip
-    return lines
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_probe_on_a_simulated_drive(
@@ -136,7 +109,7 @@ def test_the_probe_on_a_simulated_drive(
     gt = json.loads((drive / "ground_truth.json").read_text())
     run = tmp_path / "run"
     run.mkdir()
-    tracked = retrack(drive / "rig.toml", _detections(gt))  # motion alone: the run
+    tracked = retrack(drive / "rig.toml", detections_from_labels(gt, seed=3))  # motion alone
     (run / "detections.jsonl").write_text("".join(json.dumps(x) + "\n" for x in tracked.detections))
     out = tmp_path / "probe.json"
     capsys.readouterr()
