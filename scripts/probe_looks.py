@@ -24,9 +24,10 @@ The last three also with tight gates (`appearance_gate` 0.05, `recognise_distanc
 looks without noise need no slack). The fusion keeps its own settings. Every result is
 scored as `scripts/bench_trackers.py` scores (`eval --track`'s scorer, cameras pooled):
 HOTA, IDF1, ID switches, ids per object, and the ids beyond each object's first by what came
-before each. Nothing is timed.
+before each; then every variant over all the drives given, pooled. Nothing is timed.
 
-Exit status: 0 done, 1 an input could not be read.
+Exit status: 0 done, 1 an input could not be read, 2 bad arguments (among them a --json
+that would write over a file of an input folder).
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from _bench_trackers.inputs import Drive, Run, read_drive, read_run
-from _bench_trackers.report import Row, score
+from _bench_trackers.measures import IdMeasures, pooled
+from _bench_trackers.report import Row, row_json, score
 from _bench_trackers.runs import run_retrack
 
 from drivepercept.errors import DrivePerceptError
+from drivepercept.finite import finite
 from drivepercept.rig import load_rig
 from drivepercept.run.recorded_frames import RecordedFrames
 from drivepercept.tracking.appearance import (
@@ -220,6 +223,28 @@ def table(results: Sequence[tuple[Variant, Row]]) -> list[str]:
     return lines
 
 
+def pooled_lines(results: Sequence[tuple[Variant, Row]]) -> list[str]:
+    """Every variant's ids per object over all drives given (cameras and drives pooled)."""
+    by_variant: dict[tuple[str, str], list[IdMeasures]] = {}
+    for v, r in results:
+        by_variant.setdefault((v.name, v.gates), []).append(r.pooled)
+    lines = []
+    for (name, gates), parts in by_variant.items():
+        m = pooled(parts)
+        e = m.extra
+        lines.append(
+            f"- {name}, {gates} gates: {m.ids_per_object:.3f} ({m.ids_matched}/"
+            f"{m.objects_matched}); ids beyond one {e.total} ({e.after_short_gap} / "
+            f"{e.after_mid_gap} / {e.after_long_gap} / {e.overlapping}); ID switches {m.switches}"
+        )
+    return lines
+
+
+def overwrites_an_input(out: Path, folders: Sequence[str]) -> bool:
+    """Whether `out` is a file that is already there in one of the input folders."""
+    return out.exists() and any(out.resolve().parent == Path(f).resolve() for f in folders)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pairs", nargs="+", metavar="DRIVE RUN", help="a simulated drive, then its run")
@@ -228,38 +253,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if len(args.pairs) % 2 or args.groups < 1:
         ap.error("give DRIVE RUN pairs, and --groups of at least 1")
+    if args.json is not None and overwrites_an_input(args.json, args.pairs):
+        ap.error(f"--json {args.json} is a file of an input folder: give another path")
     report: dict[str, Any] = {}
-    pooled: dict[tuple[str, str], list[int]] = {}
+    every: list[tuple[Variant, Row]] = []
     try:
         for drive_path, run_path in zip(args.pairs[::2], args.pairs[1::2], strict=True):
             drive, run = read_drive(drive_path), read_run(run_path)
             results = probe(drive, run, args.groups)
             print(f"\n## {drive.path.name} ({run.name})\n", *table(results), sep="\n", flush=True)
             report[str(drive.path)] = [
-                {
-                    "looks": v.name,
-                    "gates": v.gates,
-                    "hota": r.scores.cameras.hota,
-                    "idf1": r.scores.cameras.idf1,
-                    "id_switches": r.scores.cameras.id_switches,
-                    "ids_matched": r.pooled.ids_matched,
-                    "objects_matched": r.pooled.objects_matched,
-                    "extra_ids": r.pooled.extra.to_json(),
-                }
-                for v, r in results
+                {"looks": v.name, "gates": v.gates, **row_json(r)} for v, r in results
             ]
-            for v, r in results:
-                sums = pooled.setdefault((v.name, v.gates), [0, 0])
-                sums[0] += r.pooled.ids_matched
-                sums[1] += r.pooled.objects_matched
+            every += results
     except (DrivePerceptError, OSError, KeyError, ValueError) as exc:
         print(f"probe_looks: {exc}", file=sys.stderr)
         return 1
-    print("\n## every drive: ids per object\n")
-    for (name, gates), (ids, objects) in pooled.items():
-        print(f"- {name}, {gates} gates: {ids / max(1, objects):.3f} ({ids}/{objects})")
+    print("\n## every drive, pooled\n", *pooled_lines(every), sep="\n")
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        text = json.dumps(finite(report), indent=1, allow_nan=False)
+        args.json.write_text(text + "\n", encoding="utf-8")
     return 0
 
 

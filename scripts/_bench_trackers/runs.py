@@ -422,14 +422,17 @@ def run_retrack(
     else:
         result = retrack(drive.rig_toml, kept, spread_frames=0, params=params, looks=looks)
     per_frame = result.stage_ns // max(1, len(lines))  # the stage's own time
-    seen = (
-        f"looks read from the drive's videos for {result.with_pixels} of {len(lines)} frames"
-        " (their decoding not in the time, the reading of the looks in it)"
-        if videos
-        else "no videos: motion alone (the run had the looks)"
-        if looks is None or looks.needs_pixels
-        else "no pixels: the looks of the reader given"
-    )
+    if videos:
+        seen = (
+            f"looks read from the drive's videos for {result.with_pixels} of {len(lines)} "
+            "frames (their decoding not in the time, the reading of the looks in it)"
+        )
+    elif looks is not None and not looks.needs_pixels:
+        seen = "no pixels: the looks of the reader given"
+    elif not pixels:
+        seen = "no pixels asked for: motion alone"
+    else:
+        seen = "no videos: motion alone (the run had the looks)"
     return Tracked(
         name=name,
         lines=list(result.detections),
